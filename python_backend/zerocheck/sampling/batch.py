@@ -1,0 +1,137 @@
+"""Per-batch sampling metadata, built once per call from B `SamplingParams`.
+
+Like vLLM's `SamplingMetadata`: per-row parameters become tensors, and batch-wide flags
+(`all_greedy`, `no_penalties`, ...) let the orchestrations skip whole stages instead of branching
+per row. Penalty and bad-word positions are kept sparse: (row, token id) pairs, never a [B, V] tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .noise import row_key
+from .params import SamplingParamError, SamplingParams
+
+
+@dataclass
+class SparsePenalties:
+    """History tokens of penalised rows: unique (row, token) pairs with their counts.
+
+    rows, tokens, counts: [N] int64; repetition, presence, frequency: [N] float32 (per pair).
+    """
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    counts: torch.Tensor
+    repetition: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+
+    def apply(self, values: torch.Tensor) -> torch.Tensor:
+        """values: [N] float32 logits at (rows, tokens) -> penalised values (new tensor)."""
+        rep = torch.where(values > 0, values / self.repetition, values * self.repetition)
+        return rep - self.frequency * self.counts - self.presence
+
+
+@dataclass
+class SamplingBatch:
+    """Tensors and flags describing one batch of B rows over a vocabulary of V tokens."""
+
+    vocab_size: int
+    temperature: torch.Tensor  # [B] float32; 1.0 on greedy rows (unused there)
+    top_k: torch.Tensor  # [B] int64; 0 = off (top_k >= V also becomes 0)
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    keys: torch.Tensor  # [B, 2] int64 noise keys from (seed, step)
+    greedy: list[bool]
+    top_k_list: list[int]
+    penalties: SparsePenalties | None
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64
+
+    @property
+    def size(self) -> int:
+        return len(self.greedy)
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy)
+
+
+def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequence[Sequence[int]] | None,
+                step: int, device: torch.device | str = "cpu") -> SamplingBatch:
+    """Validate shapes and turn per-request params into batch tensors on `device`."""
+    if history is not None and len(history) != len(params):
+        raise SamplingParamError(f"history has {len(history)} rows but params has {len(params)}")
+    greedy = [p.is_greedy for p in params]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
+    keys = [row_key(p.seed, step) for p in params]
+    f32 = dict(dtype=torch.float32, device=device)
+    return SamplingBatch(
+        vocab_size=vocab_size,
+        temperature=torch.tensor([p.temperature if not g else 1.0 for p, g in zip(params, greedy)], **f32),
+        top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+        top_p=torch.tensor([p.top_p for p in params], **f32),
+        min_p=torch.tensor([p.min_p for p in params], **f32),
+        keys=torch.tensor(keys, dtype=torch.int64, device=device).reshape(len(params), 2),
+        greedy=greedy,
+        top_k_list=top_k,
+        penalties=_sparse_penalties(params, history, vocab_size, device),
+        banned=_banned_tokens(params, history, vocab_size, device),
+    )
+
+
+def _check_ids(row: int, ids: Sequence[int], vocab_size: int, what: str) -> None:
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise SamplingParamError(f"{what} of row {row} holds token ids outside [0, {vocab_size})")
+
+
+def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequence[int]] | None,
+                      vocab_size: int, device: torch.device | str) -> SparsePenalties | None:
+    rows = [b for b, p in enumerate(params) if p.has_penalties and history is not None and len(history[b])]
+    if not rows:
+        return None
+    for b in rows:
+        _check_ids(b, history[b], vocab_size, "history")
+    flat = torch.cat([torch.as_tensor(list(history[b]), dtype=torch.int64) for b in rows])
+    row_of = torch.repeat_interleave(torch.tensor(rows), torch.tensor([len(history[b]) for b in rows]))
+    pairs, counts = torch.unique(row_of * vocab_size + flat, return_counts=True)
+    pair_rows = pairs // vocab_size
+
+    def per_pair(name: str) -> torch.Tensor:
+        table = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
+        return table[pair_rows].to(device)
+
+    return SparsePenalties(
+        rows=pair_rows.to(device), tokens=(pairs % vocab_size).to(device),
+        counts=counts.to(torch.float32).to(device),
+        repetition=per_pair("repetition_penalty"), presence=per_pair("presence_penalty"),
+        frequency=per_pair("frequency_penalty"))
+
+
+def banned_token_ids(bad_words: Sequence[Sequence[int]], history: Sequence[int]) -> set[int]:
+    """Tokens banned at this step: last token of each bad word whose prefix ends the history."""
+    banned = set()
+    for word in bad_words:
+        prefix = word[:-1]
+        if not prefix or (len(history) >= len(prefix) and tuple(history[len(history) - len(prefix):]) == prefix):
+            banned.add(word[-1])
+    return banned
+
+
+def _banned_tokens(params: Sequence[SamplingParams], history: Sequence[Sequence[int]] | None,
+                   vocab_size: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    rows, tokens = [], []
+    for b, p in enumerate(params):
+        if not p.bad_words:
+            continue
+        ids = sorted(t for t in banned_token_ids(p.bad_words, history[b] if history is not None else ())
+                     if t < vocab_size)
+        rows += [b] * len(ids)
+        tokens += ids
+    if not rows:
+        return None
+    return (torch.tensor(rows, dtype=torch.int64, device=device),
+            torch.tensor(tokens, dtype=torch.int64, device=device))
+

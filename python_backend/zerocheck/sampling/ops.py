@@ -1,0 +1,175 @@
+"""Pure sampling ops over logits tensors, shared by the zero-check and checked orchestrations.
+
+Conventions: `x` is [R, V] float32 logits; `y = (x - rowmax) / T` is the max-shifted, tempered
+logit, so exp(y) <= 1 is an unnormalised probability and log-probability ratios need no softmax.
+Every threshold keeps ties: a token survives a filter when its value is >= the threshold value, the
+same rule in both paths (Hugging Face's top-k rule).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .batch import SamplingBatch
+from .noise import exponential_noise, race_scores
+
+GROUP = 128  # tokens per group: the unit of the two-stage race and of the top-k prefilter
+HIST_BUCKETS = 4096  # value buckets of the sort-free top-p search
+HIST_RANGE = 32.0  # buckets cover y in [-HIST_RANGE, 0]; lower values share the last bucket
+GROUP_SALT = 1 << 32  # counters of group-level noise, disjoint from token ids
+
+
+@dataclass
+class SparseEdits:
+    """Positions of `x` overwritten in place by penalties and bans, with their original values."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    original: torch.Tensor
+
+    def restore(self, x: torch.Tensor) -> None:
+        x.index_put_((self.rows, self.tokens), self.original)
+
+
+def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdits | None:
+    """Apply repetition/presence/frequency penalties and bad-word bans in place, only at the
+    history's (row, token) positions. x: [B, V] float32, modified in place; returns what restores it.
+    """
+    parts = []
+    if batch.penalties is not None:
+        pen = batch.penalties
+        original = x[pen.rows, pen.tokens]
+        parts.append((pen.rows, pen.tokens, original))
+        x.index_put_((pen.rows, pen.tokens), pen.apply(original))
+    if batch.banned is not None:
+        rows, tokens = batch.banned
+        parts.append((rows, tokens, x[rows, tokens]))
+        x.index_put_((rows, tokens), torch.tensor(-math.inf, dtype=x.dtype, device=x.device))
+    if not parts:
+        return None
+    # Restoring the concatenation in reverse order puts every position back to its first value.
+    rows, tokens, original = (torch.cat(t[::-1]) for t in zip(*parts))
+    return SparseEdits(rows.flip(0), tokens.flip(0), original.flip(0))
+
+
+def group_max(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates)."""
+    rows, vocab = x.shape
+    full = vocab // group
+    parts = [x[:, :full * group].view(rows, full, group).amax(-1)] if full else []
+    if vocab % group:
+        parts.append(x[:, full * group:].amax(-1, keepdim=True))
+    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+def group_sum(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)] sum of each run of `group` tokens."""
+    rows, vocab = x.shape
+    full = vocab // group
+    parts = [x[:, :full * group].view(rows, full, group).sum(-1)] if full else []
+    if vocab % group:
+        parts.append(x[:, full * group:].sum(-1, keepdim=True))
+    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+def topk_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact k largest values of each row, sorted descending, without a full sort.
+
+    x: [R, V] float32; returns values [R, k] float32 and token ids [R, k] int64.
+    The k groups with the largest maxima contain every value above the k-th group maximum and at
+    least k values >= it, so a top-k over their members has exactly the row's top-k values (only the
+    ids among exact ties may differ, which the tie-inclusive thresholds make irrelevant).
+    """
+    rows, vocab = x.shape
+    if k * GROUP * 4 > vocab:
+        return torch.topk(x, k, dim=-1, sorted=True)
+    maxima = group_max(x)
+    groups = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [R, k]
+    ids = (groups.unsqueeze(-1) * GROUP + torch.arange(GROUP, device=x.device)).reshape(rows, -1)
+    valid = ids < vocab
+    members = x.gather(1, ids.clamp_(max=vocab - 1)).masked_fill_(~valid, -math.inf)
+    values, pos = torch.topk(members, k, dim=-1, sorted=True)
+    return values, ids.gather(1, pos)
+
+
+def top_p_cutoff_sorted(y_sorted: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-p threshold on a small candidate set sorted descending.
+
+    y_sorted: [R, K] float32 shifted logits; keep: [R, K] bool (already kept); top_p: [R].
+    Returns [R] float32: the value of the token at which the cumulative kept mass first reaches
+    top_p of the kept mass (-inf where top_p == 1).
+    """
+    w = torch.where(keep, torch.exp(y_sorted.double()), 0.0)
+    cum = w.cumsum(-1)
+    target = top_p.double().unsqueeze(-1) * cum[:, -1:]
+    cut = torch.searchsorted(cum, target).clamp_(max=y_sorted.shape[1] - 1)
+    tau = y_sorted.gather(1, cut).squeeze(1)
+    return torch.where(top_p >= 1.0, torch.tensor(-math.inf, device=y_sorted.device), tau)
+
+
+def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Exact, sort-free top-p threshold over whole rows (a radix-select on probability mass).
+
+    y: [R, V] float32 shifted logits (<= 0); w: [R, V] float32 = exp(y), 0 where already excluded;
+    top_p: [R] in (0, 1). Returns [R] float32 threshold tau: keeping y >= tau gives the smallest
+    top set whose mass reaches top_p * sum(w) (ties kept).
+
+    1. Histogram the mass over HIST_BUCKETS equal-width buckets of y (one scatter_add pass).
+    2. The cumulative bucket mass locates the bucket where top_p * sum(w) is crossed.
+    3. Only that bucket's members are ranked (top-k over the masked row, k = its largest count),
+       and the exact crossing token inside it gives tau.
+    """
+    rows, vocab = y.shape
+    scale = HIST_BUCKETS / HIST_RANGE
+    bucket = (y * -scale).clamp_(0, HIST_BUCKETS - 1).to(torch.int64)
+    mass = torch.zeros(rows, HIST_BUCKETS, dtype=torch.float64, device=y.device)
+    mass.scatter_add_(1, bucket, w.double())
+    cum = mass.cumsum(-1)
+    target = top_p.double().unsqueeze(-1) * cum[:, -1:]
+    boundary = torch.searchsorted(cum, target).clamp_(max=HIST_BUCKETS - 1)  # [R, 1]
+    before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0)
+    inside = (bucket == boundary) & (w > 0)
+    count = int(inside.sum(-1).max())
+    members = torch.topk(torch.where(inside, y, -math.inf), max(count, 1), dim=-1, sorted=True).values
+    member_cum = before + torch.exp(members.double()).cumsum(-1)
+    cut = torch.searchsorted(member_cum, target).clamp_(max=members.shape[1] - 1)
+    # Rounding can leave the crossing just past the last member: then the last member is the cut.
+    last = (torch.isfinite(members).sum(-1, keepdim=True) - 1).clamp_(min=0)
+    return members.gather(1, torch.minimum(cut, last)).squeeze(1)
+
+
+def race_draw_candidates(y: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Exponential race over a candidate set. y: [R, K] float32 log-weights, keep: [R, K] bool,
+    ids: [R, K] int64 token ids (the noise counters), keys: [R, 2]. Returns token ids [R] int64."""
+    scores = race_scores(y.masked_fill(~keep, -math.inf), keys, ids)
+    return ids.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
+
+
+def race_draw_dense(y: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Two-stage exponential race over whole rows, with noise for ~V/GROUP + GROUP entries per row.
+
+    y: [R, V] float32 log-weights; w: [R, V] float32 = exp(y), 0 where excluded; keys: [R, 2].
+    Stage 1 races the groups with weights sum(w) per group; stage 2 races the members of the
+    winning group with weights w. P(token) = P(group) * P(token | group) = w_token / sum(w).
+    Returns token ids [R] int64.
+    """
+    rows, vocab = y.shape
+    mass = group_sum(w)  # [R, G]
+    groups = torch.arange(mass.shape[1], device=y.device).expand(rows, -1) + GROUP_SALT
+    winner = race_scores(torch.log(mass), keys, groups).argmax(-1, keepdim=True)  # [R, 1]
+    ids = winner * GROUP + torch.arange(GROUP, device=y.device)
+    valid = ids < vocab
+    ids = ids.clamp_(max=vocab - 1)
+    member_w = w.gather(1, ids)
+    log_w = torch.where(valid & (member_w > 0), y.gather(1, ids), -math.inf)
+    return ids.gather(1, race_scores(log_w, keys, ids).argmax(-1, keepdim=True)).squeeze(1)
+
+
+def draw_among_posinf(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Rows holding +inf logits put all mass on those tokens: draw uniformly among them.
+    x: [R, V]; keys: [R, 2]; returns [R] int64."""
+    ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+    noise = exponential_noise(keys, ids)
+    return torch.where(x == math.inf, -torch.log(noise), -math.inf).argmax(-1)

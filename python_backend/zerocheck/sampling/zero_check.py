@@ -1,0 +1,190 @@
+"""The zero-check sampler: one pass over the logits, no softmax over V, no sort.
+
+Per batch (flags decided once, rows grouped by the work they need, never looped in Python):
+1. penalties and bad-word bans are written in place at the history's (row, token) positions only,
+   and restored before returning (the caller's logits are left as they came);
+2. greedy rows (T=0 or top_k=1): argmax, no noise;
+3. top-k rows: the exact top (k_max + 1) candidates by a group-max prefilter (no full sort), then
+   temperature, top-p and min-p on that small sorted set, then an exponential race over it;
+4. other rows: y = (x - max) / T and w = exp(y) in one pass each; min-p is the threshold
+   y >= log(min_p); top-p is an exact radix-select on probability mass (`dense_top_p_threshold`);
+   the draw is a two-stage exponential race (groups, then members of the winning group).
+The race is argmax(log w - log E), E ~ Exp(1) from counter-based noise keyed by (seed, step, token).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import ops
+from .batch import SamplingBatch, build_batch
+from .params import SamplingParamError, SamplingParams
+
+
+@dataclass
+class SampleOutput:
+    """tokens: [B] int64 (-1 on error rows); errors: per row, a client-readable message or None."""
+
+    tokens: torch.Tensor
+    errors: list[str | None]
+
+    def raise_errors(self) -> torch.Tensor:
+        bad = [f"row {b}: {e}" for b, e in enumerate(self.errors) if e]
+        if bad:
+            raise SamplingParamError("; ".join(bad))
+        return self.tokens
+
+
+def as_float32(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Return float32 contiguous logits and whether they are the caller's own tensor."""
+    if logits.dim() != 2:
+        raise SamplingParamError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise SamplingParamError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    if logits.dtype == torch.float32 and logits.is_contiguous():
+        return logits, True
+    return logits.to(torch.float32).contiguous(), False
+
+
+def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, batch: SamplingBatch) -> None:
+    """Rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them, in place.
+    x: [B, V] penalised logits; tokens: [B] int64; row_max: [B] float32."""
+    posinf = (row_max == math.inf).nonzero().flatten()
+    if len(posinf):
+        tokens[posinf] = ops.draw_among_posinf(x[posinf], batch.keys[posinf])
+
+
+def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> SampleOutput:
+    """NaN rows become per-row errors (token -1); rows with every token masked by penalties and bans
+    fall back to the argmax of the unmasked logits `raw` [B, V]. row_max: [B], the max of each row
+    after penalties and bans (NaN when the row held NaN)."""
+    errors: list[str | None] = [None] * len(tokens)
+    masked = (row_max == -math.inf).nonzero().flatten()
+    if len(masked):
+        tokens[masked] = raw[masked].argmax(-1)
+    nan_rows = torch.isnan(row_max).nonzero().flatten().tolist()
+    for b in nan_rows:
+        errors[b] = "logits contain NaN"
+    if nan_rows:
+        tokens[nan_rows] = -1
+    return SampleOutput(tokens, errors)
+
+
+class ZeroCheckSampler:
+    """Stateless orchestration of the zero-check sampler (see the module docstring)."""
+
+    def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+               history: Sequence[Sequence[int]] | None = None, step: int = 0) -> SampleOutput:
+        """logits: [B, V] float32/float16/bfloat16 (left unchanged); returns per-row tokens and errors."""
+        x, shared = as_float32(logits)
+        if x.shape[0] != len(params):
+            raise SamplingParamError(f"logits have {x.shape[0]} rows but {len(params)} params were given")
+        batch = build_batch(params, x.shape[1], history, step, x.device)
+        edits = ops.apply_penalties_and_bans(x, batch)
+        try:
+            tokens, row_max = self._draw(x, batch)
+            resolve_posinf(x, tokens, row_max, batch)
+        finally:
+            if edits is not None:
+                edits.restore(x)
+        return finish(x, tokens, row_max)
+
+    def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        size = batch.size
+        tokens = torch.empty(size, dtype=torch.int64, device=x.device)
+        row_max = torch.empty(size, dtype=torch.float32, device=x.device)
+        greedy = [b for b in range(size) if batch.greedy[b]]
+        top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
+        dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
+        if greedy:
+            rows = _rows(x, greedy)
+            values, ids = rows.max(-1)
+            _put(tokens, row_max, greedy, ids, values)
+        if top_k:
+            self._draw_top_k(x, batch, top_k, tokens, row_max)
+        if dense:
+            self._draw_dense(_rows(x, dense), batch, dense, None, tokens, row_max)
+        return tokens, row_max
+
+    def _draw_top_k(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int],
+                    tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+        xs = _rows(x, rows)
+        idx = torch.tensor(rows, device=x.device)
+        k = batch.top_k[idx]
+        width = min(max(batch.top_k_list[b] for b in rows) + 1, xs.shape[1])
+        values, ids = ops.topk_candidates(xs, width)
+        kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+        after = values.gather(1, k.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
+        tied = (k < width) & (after == kth) & torch.isfinite(kth)  # the k-th value repeats past k
+        top = values[:, 0]
+        y = (values - top.unsqueeze(1)) / batch.temperature[idx].unsqueeze(1)
+        keep = torch.arange(width, device=x.device) < k.unsqueeze(1)
+        keep &= torch.isfinite(values)
+        tau = ops.top_p_cutoff_sorted(y, keep, batch.top_p[idx])
+        keep &= y >= torch.maximum(tau, torch.log(batch.min_p[idx])).unsqueeze(1)
+        drawn = ops.race_draw_candidates(y, keep, ids, batch.keys[idx])
+        _put(tokens, row_max, rows, drawn, top)
+        if bool(tied.any()):  # exact ties at the k-th value reach past the candidates: do whole rows
+            tied_pos = tied.nonzero().flatten().tolist()
+            tied_rows = [rows[i] for i in tied_pos]
+            self._draw_dense(_rows(x, tied_rows), batch, tied_rows, kth[tied_pos], tokens, row_max)
+
+    def _draw_dense(self, xs: torch.Tensor, batch: SamplingBatch, rows: list[int], kth: torch.Tensor | None,
+                    tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+        """xs: [R, V] whole rows; kth: [R] top-k threshold logits (tie rows) or None."""
+        idx = torch.tensor(rows, device=xs.device)
+        top = xs.amax(-1)
+        shift = top
+        finite = torch.isfinite(top)
+        if not bool(finite.all()):  # NaN / +inf / all -inf rows are resolved in `finish`; keep ops finite
+            xs = xs.masked_fill(~finite.unsqueeze(1), 0.0)
+            shift = torch.where(finite, top, 0.0)
+        inv_t = 1.0 / batch.temperature[idx]
+        y = (xs - shift.unsqueeze(1)).mul_(inv_t.unsqueeze(1))
+        w = torch.exp(y)
+        lower = torch.log(batch.min_p[idx])
+        if kth is not None:
+            w.masked_fill_(y < ((kth - shift) * inv_t).unsqueeze(1), 0.0)
+        top_p = batch.top_p[idx]
+        if bool((top_p < 1.0).any()):
+            tau = ops.dense_top_p_threshold(y, w, top_p)
+            lower = torch.maximum(lower, torch.where(top_p < 1.0, tau, -math.inf))
+        if bool((lower > -math.inf).any()):
+            w.masked_fill_(y < lower.unsqueeze(1), 0.0)
+        drawn = ops.race_draw_dense(y, w, batch.keys[idx])
+        _put(tokens, row_max, rows, drawn, top)
+
+
+def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The selected rows of x: a view when they are all rows, else a copy."""
+    if len(rows) == x.shape[0]:
+        return x
+    return x.index_select(0, torch.tensor(rows, device=x.device))
+
+
+def _put(tokens: torch.Tensor, row_max: torch.Tensor, rows: list[int], ids: torch.Tensor, top: torch.Tensor) -> None:
+    if len(rows) == tokens.shape[0]:
+        tokens.copy_(ids)
+        row_max.copy_(top)
+    else:
+        index = torch.tensor(rows, device=tokens.device)
+        tokens[index] = ids
+        row_max[index] = top
+
+
+_SAMPLER = ZeroCheckSampler()
+
+
+def zero_check_sample(logits: torch.Tensor, params: Sequence[SamplingParams],
+                      history: Sequence[Sequence[int]] | None = None, step: int = 0) -> torch.Tensor:
+    """Draw one token per row with the zero-check sampler.
+
+    logits: [B, V] float32/float16/bfloat16, not modified; params: B SamplingParams; history: B
+    token-id lists (prompt + generated) for penalties and bad words; step: decode step (seeds noise).
+    Returns LongTensor [B]. Raises SamplingParamError if a row's logits contain NaN (the server uses
+    `ZeroCheckSampler.sample`, which reports such rows per request instead).
+    """
+    return _SAMPLER.sample(logits, params, history, step).raise_errors()
