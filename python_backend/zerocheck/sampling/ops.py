@@ -106,7 +106,7 @@ def top_p_cutoff_sorted(y_sorted: torch.Tensor, keep: torch.Tensor, top_p: torch
     target = top_p.double().unsqueeze(-1) * cum[:, -1:]
     cut = torch.searchsorted(cum, target).clamp_(max=y_sorted.shape[1] - 1)
     tau = y_sorted.gather(1, cut).squeeze(1)
-    return torch.where(top_p >= 1.0, torch.tensor(-math.inf, device=y_sorted.device), tau)
+    return torch.where(top_p >= 1.0, -math.inf, tau)
 
 
 def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""Locate a tritonserver binary and prepare what it needs to run Python-backend models here."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+NGC_BINARY = Path("/opt/tritonserver/bin/tritonserver")
+STUB_NAME = "triton_python_backend_stub"
+PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+class TritonServerNotFound(FileNotFoundError):
+    """No tritonserver binary at the given path, in nvidia-pytriton, on PATH or in /opt/tritonserver."""
+
+
+def pytriton_root() -> Path | None:
+    """`.../site-packages/pytriton/tritonserver` of the installed nvidia-pytriton wheel, if any."""
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    return root if (root / "bin" / "tritonserver").is_file() else None
+
+
+def find_tritonserver(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The binary to run: `explicit`, else the wheel's, else `tritonserver` on PATH, else the NGC one."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise TritonServerNotFound(f"tritonserver not executable: {path}")
+        return path.absolute()
+    wheel = pytriton_root()
+    candidates = [wheel / "bin" / "tritonserver" if wheel else None, shutil.which("tritonserver"), NGC_BINARY]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate).absolute()
+    raise TritonServerNotFound(
+        "tritonserver not found: install nvidia-pytriton, put tritonserver on PATH or pass its path"
+    )
+
+
+def wheel_root_of(binary: Path) -> Path | None:
+    """The pytriton `tritonserver` dir when `binary` is the one bundled in the wheel (it ships stubs)."""
+    root = binary.resolve().parents[1]
+    return root if (root / "python_backend_stubs").is_dir() else None
+
+
+def backend_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/zerocheck` (default `~/.cache/zerocheck`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "zerocheck"
+
+
+def prepare_backend_dir(binary: Path) -> Path | None:
+    """A `--backend-directory` whose python backend runs this interpreter's version, or None to keep Triton's.
+
+    For the wheel's binary, copies `backends/python` to `~/.cache/zerocheck/backends-<lib hash>-py3.X` and
+    puts `python_backend_stubs/3.X/triton_python_backend_stub` beside `libtriton_python.so`. Idempotent;
+    concurrent callers build in private temp dirs and the first rename wins.
+    """
+    wheel = wheel_root_of(binary)
+    if wheel is None:
+        return None
+    source = wheel / "backends" / "python"
+    stub = wheel / "python_backend_stubs" / PY_TAG / STUB_NAME
+    if not stub.is_file():
+        raise TritonServerNotFound(f"nvidia-pytriton ships no python backend stub for Python {PY_TAG}: {stub}")
+    digest = hashlib.sha256((source / "libtriton_python.so").read_bytes() + stub.read_bytes()).hexdigest()[:12]
+    target = backend_cache_dir() / f"backends-{digest}-py{PY_TAG}"
+    if (target / "python" / STUB_NAME).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        shutil.copytree(source, staging / "python", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(stub, staging / "python" / STUB_NAME)
+        os.rename(staging, target)
+    except OSError:
+        if not (target / "python" / STUB_NAME).is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def server_environment(binary: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for `binary`: the wheel's `nvidia_pytriton.libs` on LD_LIBRARY_PATH (the copied stub
+    needs its libcudart) and this interpreter's `bin` first on PATH (so the stub's Python uses this venv)."""
+    env = dict(os.environ if base is None else base)
+    wheel = wheel_root_of(binary)
+    if wheel is not None:
+        libs = wheel.parents[1] / "nvidia_pytriton.libs"
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))
+    return env

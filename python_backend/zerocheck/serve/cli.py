@@ -1,0 +1,126 @@
+"""`zerocheck serve`: build missing artifacts, start tritonserver on the model repository, serve until Ctrl-C."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import zerocheck
+from zerocheck.serve.binary import TritonServerNotFound
+from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, TritonServer, TritonServerError
+
+REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]
+DEMO_PROMPT = "def fib(n):"
+
+
+def default_model_repository() -> Path:
+    """$ZEROCHECK_MODEL_REPOSITORY, else the repo's `model_repository/`."""
+    return Path(os.environ.get("ZEROCHECK_MODEL_REPOSITORY") or REPO_ROOT / "model_repository")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-repository", type=Path, default=None,
+                        help="default: $ZEROCHECK_MODEL_REPOSITORY or <repo>/model_repository")
+    parser.add_argument("--artifacts", type=Path, default=None,
+                        help="artifacts the models load; default: $ZEROCHECK_ARTIFACTS or artifacts/ beside the repository")
+    parser.add_argument("--http-port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port")
+    parser.add_argument("--metrics-port", type=int, default=8002, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
+    parser.add_argument("--tritonserver", default=None, help="tritonserver binary (default: nvidia-pytriton's)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require header '{API_KEY_HEADER}: KEY' for model-repository, shared-memory, trace, logging")
+    parser.add_argument("--log-file", type=Path, default=None, help="server log (default: a temp file)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
+    parser.add_argument("--demo", action="store_true", help="stream one generation from `generate`, then exit")
+    parser.add_argument("--no-build", action="store_true", help="do not build missing artifacts")
+
+
+def ensure_artifacts(artifacts: Path, build: bool) -> bool:
+    """False when `artifacts` is missing or empty and cannot be built (says why); builds it when allowed."""
+    if artifacts.is_dir() and any(artifacts.iterdir()):
+        return True
+    if not build:
+        print(f"warning: no artifacts in {artifacts} (--no-build); models needing them will fail", file=sys.stderr)
+        return True
+    try:
+        from zerocheck.build import build_artifacts
+    except ImportError as error:
+        print(f"no artifacts in {artifacts} and zerocheck.build is unavailable ({error}):\n"
+              f"  run `python build_engines.py` first (or pass --artifacts DIR)", file=sys.stderr)
+        return False
+    print(f"building artifacts into {artifacts} ...", flush=True)
+    build_artifacts(artifacts)
+    return True
+
+
+def print_endpoints(server: TritonServer, api_key: str | None) -> None:
+    print(f"tritonserver ready (pid {server.pid}), log: {server.log_path}")
+    print(f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n  metrics  http://{server.metrics_url}/metrics")
+    if api_key:
+        print(f"  restricted APIs need header '{API_KEY_HEADER}: <key>' (gRPC metadata '{GRPC_API_KEY_HEADER}')")
+    print(f"try:\n  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate "
+          """-d '{"text_input": "def fib(n):", "max_tokens": 32}'""", flush=True)
+
+
+def run_demo(server: TritonServer) -> None:
+    from zerocheck.serve.demo import stream_generation
+
+    print(DEMO_PROMPT, end="", flush=True)
+    for piece in stream_generation(server.grpc_url, DEMO_PROMPT, max_tokens=32):
+        print(piece, end="", flush=True)
+    print()
+
+
+def serve_until_stopped(server: TritonServer) -> int:
+    """Block until Ctrl-C/SIGTERM (KeyboardInterrupt, handled by the caller) or until the server dies (1)."""
+    while server.is_alive():
+        time.sleep(0.5)
+    print(f"tritonserver exited on its own; log tail:\n{server.log_tail()}", file=sys.stderr)
+    return 1
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler: unwind like Ctrl-C so the server is stopped."""
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    repository = (args.model_repository or default_model_repository()).resolve()
+    artifacts = (args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts")).resolve()
+    if not repository.is_dir():
+        print(f"no model repository at {repository}", file=sys.stderr)
+        return 2
+    if not ensure_artifacts(artifacts, build=not args.no_build):
+        return 2
+    try:
+        server = TritonServer(
+            repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+            host=args.host, tritonserver=args.tritonserver, log_file=args.log_file,
+            env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=args.api_key,
+        )
+    except TritonServerNotFound as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        server.start()
+        print(f"starting tritonserver on {repository} (log: {server.log_path}) ...", flush=True)
+        server.wait_ready(args.ready_timeout)
+        print_endpoints(server, args.api_key)
+        if args.demo:
+            run_demo(server)
+            return 0
+        return serve_until_stopped(server)
+    except TritonServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        print("tritonserver stopped", flush=True)

@@ -1,0 +1,37 @@
+"""`zerocheck serve --demo`: stream one generation from the `generate` model over gRPC."""
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+import numpy as np
+
+
+def stream_generation(grpc_url: str, prompt: str, max_tokens: int, model: str = "generate",
+                      timeout: float = 120.0) -> Iterator[str]:
+    """Yield each `text_output` piece of one streamed request (`text_input`, `max_tokens`, `stream` as [1, 1])."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
+              grpcclient.InferInput("max_tokens", [1, 1], "INT32"),
+              grpcclient.InferInput("stream", [1, 1], "BOOL")]
+    inputs[0].set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([[max_tokens]], dtype=np.int32))
+    inputs[2].set_data_from_numpy(np.array([[True]], dtype=np.bool_))
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = responses.get(timeout=timeout)
+            if error is not None:
+                raise RuntimeError(f"{model}: {error}")
+            output = result.as_numpy("text_output")
+            if output is not None:
+                yield "".join(piece.decode(errors="replace") for piece in output.reshape(-1))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        client.stop_stream()
+        client.close()
