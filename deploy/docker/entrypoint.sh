@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# zerocheck container entrypoint.
+#
+# 1. Builds the artifacts (tokenizer, decoder weights, ONNX) and the GPU engine with
+#    build_engines.py when they are missing or were built for another GPU model.
+# 2. execs tritonserver with zerocheck's flags, restricted admin APIs and env-chosen addresses.
+#
+# Environment (defaults in brackets):
+#   ZEROCHECK_ENGINE       auto | tensorrt | tensorrt-llm | none   [auto: tensorrt-llm, else tensorrt, else none]
+#   ZEROCHECK_BUILD_ARGS   extra arguments for build_engines.py    []
+#   ZEROCHECK_SKIP_BUILD   1: never run build_engines.py           [0]
+#   ZEROCHECK_ARTIFACTS    artifact directory (build --out; read by the models) [$ZEROCHECK_HOME/artifacts]
+#   TRITON_MODEL_REPOSITORY  path or s3://, gs://, as:// URL       [$ZEROCHECK_HOME/model_repository]
+#   TRITON_{HTTP,GRPC,METRICS}_{ADDRESS,PORT}                      [0.0.0.0, 8000/8001/8002]
+#   ZEROCHECK_ADMIN_KEY / ZEROCHECK_ADMIN_KEY_FILE  key for the restricted APIs [random: locked]
+#   ZEROCHECK_ADMIN_KEY_HEADER   header carrying the key           [admin-key]
+#   ZEROCHECK_RESTRICTED_APIS    comma list, or "none"             [model-repository,shared-memory,trace,logging]
+#   ZEROCHECK_DRY_RUN      1: print the plan and the tritonserver command, run nothing   [0]
+# Arguments starting with "-" are appended to tritonserver's; any other command is exec'd as is.
+set -euo pipefail
+
+ZEROCHECK_HOME=${ZEROCHECK_HOME:-/opt/zerocheck}
+# The models read ZEROCHECK_ARTIFACTS; build_engines.py writes there (--out).
+export ZEROCHECK_ARTIFACTS=${ZEROCHECK_ARTIFACTS:-$ZEROCHECK_HOME/artifacts}
+ARTIFACTS=$ZEROCHECK_ARTIFACTS
+DRY_RUN=${ZEROCHECK_DRY_RUN:-0}
+
+log() { echo "[zerocheck-entrypoint] $*" >&2; }
+
+if [[ $# -gt 0 && $1 != -* ]]; then
+    exec "$@"
+fi
+
+gpu_name() {
+    command -v nvidia-smi >/dev/null 2>&1 || return 1
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep .
+}
+
+choose_engine() {
+    local requested=${ZEROCHECK_ENGINE:-auto} gpu=$1
+    case $requested in
+        none) echo none ;;
+        tensorrt | tensorrt-llm)
+            if [[ -z $gpu ]]; then
+                log "ZEROCHECK_ENGINE=$requested needs a GPU and none is visible (nvidia-smi)"
+                return 2
+            fi
+            echo "$requested" ;;
+        auto)
+            if [[ -z $gpu ]]; then echo none
+            elif python3 -c 'import tensorrt_llm' >/dev/null 2>&1; then echo tensorrt-llm
+            elif python3 -c 'import tensorrt' >/dev/null 2>&1; then echo tensorrt
+            else echo none; fi ;;
+        *)
+            log "ZEROCHECK_ENGINE must be auto, tensorrt, tensorrt-llm or none; got '$requested'"
+            return 2 ;;
+    esac
+}
+
+build_artifacts() {
+    local gpu engine stamp flags=(--out "$ARTIFACTS")
+    gpu=$(gpu_name || true)
+    engine=$(choose_engine "$gpu") || exit 2
+    [[ $engine != none ]] && flags+=("--$engine")
+    # Engines only run on the GPU model they were built for: the stamp records it.
+    stamp="$ARTIFACTS/.zerocheck-built-$engine"
+    if [[ -f $stamp && $(<"$stamp") == "${gpu:-cpu}" ]]; then
+        log "artifacts present for engine=$engine on '${gpu:-cpu}' ($stamp): skipping build"
+        return 0
+    fi
+    # Built for another GPU model: rebuild even though build_engines.py finds its files up to date.
+    [[ -f $stamp ]] && flags+=(--force)
+    # shellcheck disable=SC2206  # ZEROCHECK_BUILD_ARGS is a space-separated list
+    local cmd=(python3 "$ZEROCHECK_HOME/build_engines.py" "${flags[@]}" ${ZEROCHECK_BUILD_ARGS:-})
+    log "building artifacts: engine=$engine gpu='${gpu:-none}'"
+    if [[ $DRY_RUN == 1 ]]; then
+        echo "build: (cd $ZEROCHECK_HOME && ${cmd[*]})"
+        return 0
+    fi
+    mkdir -p "$ARTIFACTS"
+    # Replicas sharing one artifacts volume build once: the others wait on the lock.
+    (
+        flock 9
+        if [[ -f $stamp && $(<"$stamp") == "${gpu:-cpu}" ]]; then exit 0; fi
+        cd "$ZEROCHECK_HOME" && "${cmd[@]}"
+        echo "${gpu:-cpu}" >"$stamp"
+    ) 9>"$ARTIFACTS/.build.lock"
+}
+
+admin_key() {
+    if [[ -n ${ZEROCHECK_ADMIN_KEY:-} ]]; then
+        log "admin key from ZEROCHECK_ADMIN_KEY"
+        printf '%s' "$ZEROCHECK_ADMIN_KEY"
+    elif [[ -n ${ZEROCHECK_ADMIN_KEY_FILE:-} && -r $ZEROCHECK_ADMIN_KEY_FILE ]]; then
+        log "admin key from $ZEROCHECK_ADMIN_KEY_FILE"
+        tr -d '\r\n' <"$ZEROCHECK_ADMIN_KEY_FILE"
+    else
+        log "no admin key given: the restricted APIs are locked with a random key"
+        python3 -c 'import secrets; print(secrets.token_hex(32), end="")'
+    fi
+}
+
+if [[ ${ZEROCHECK_SKIP_BUILD:-0} != 1 ]]; then
+    build_artifacts
+fi
+
+args=(
+    "--model-repository=${TRITON_MODEL_REPOSITORY:-$ZEROCHECK_HOME/model_repository}"
+    "--http-address=${TRITON_HTTP_ADDRESS:-0.0.0.0}" "--http-port=${TRITON_HTTP_PORT:-8000}"
+    "--grpc-address=${TRITON_GRPC_ADDRESS:-0.0.0.0}" "--grpc-port=${TRITON_GRPC_PORT:-8001}"
+    "--metrics-address=${TRITON_METRICS_ADDRESS:-0.0.0.0}" "--metrics-port=${TRITON_METRICS_PORT:-8002}"
+    "--grpc-header-forward-pattern=zerocheck.*"
+)
+restricted=${ZEROCHECK_RESTRICTED_APIS:-model-repository,shared-memory,trace,logging}
+if [[ $restricted != none ]]; then
+    key=$(admin_key)
+    header=${ZEROCHECK_ADMIN_KEY_HEADER:-admin-key}
+    args+=("--http-restricted-api=$restricted:$header=$key" "--grpc-restricted-protocol=$restricted:$header=$key")
+fi
+
+if [[ $DRY_RUN == 1 ]]; then
+    shown="tritonserver ${args[*]} $*"
+    [[ -n ${key:-} ]] && shown=${shown//"$key"/<redacted-${#key}-chars>}
+    echo "exec: $shown"
+    exit 0
+fi
+exec tritonserver "${args[@]}" "$@"

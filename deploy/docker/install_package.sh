@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install the zerocheck package into the Triton image's Python (used by the Dockerfile).
+#
+# torch: the CUDA build of torch ${TORCH_VERSION} (default 2.13.0, the version pyproject pins) is
+# installed from pip, unless ZEROCHECK_KEEP_IMAGE_TORCH=1 (TensorRT-LLM image: tensorrt_llm needs
+# the torch it was built with). nvidia-pytriton is left out: the image has its own tritonserver.
+set -euo pipefail
+
+torch_version=${TORCH_VERSION:-2.13.0}
+keep_image_torch=${ZEROCHECK_KEEP_IMAGE_TORCH:-0}
+
+# The runtime dependencies as pyproject lists them, less the ones this image provides.
+requirements=$(mktemp)
+python3 - "$keep_image_torch" >"$requirements" <<'PY'
+import re, sys
+text = open("pyproject.toml", encoding="utf-8").read()
+block = re.search(r"^dependencies\s*=\s*\[(.*?)^\]", text, re.S | re.M).group(1)
+skip = {"nvidia-pytriton"} | ({"torch"} if sys.argv[1] == "1" else set())
+for spec in re.findall(r'"([^"]+)"', block):
+    name = re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
+    if name not in skip:
+        print(spec)
+PY
+
+if [[ $keep_image_torch == 1 ]]; then
+    python3 -c 'import torch; print("keeping the image torch", torch.__version__)'
+else
+    index_args=()
+    [[ -n ${TORCH_INDEX_URL:-} ]] && index_args=(--index-url "$TORCH_INDEX_URL")
+    python3 -m pip install "${index_args[@]}" "torch==${torch_version}"
+    sed -i '/^torch[=<>~! ]/d' "$requirements"
+fi
+
+python3 -m pip install -r "$requirements"
+python3 -m pip install --no-deps .
+if [[ -n ${EXTRA_PIP_PACKAGES:-} ]]; then
+    # shellcheck disable=SC2086  # a space-separated list on purpose
+    python3 -m pip install ${EXTRA_PIP_PACKAGES}
+fi
+python3 -c 'import torch, zerocheck; print("zerocheck installed; torch", torch.__version__, "cuda", torch.version.cuda)'
+rm -f "$requirements"

@@ -1,0 +1,108 @@
+"""The zerocheck decoder against transformers on the same weights (Llama, Qwen2, Mistral)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+from zerocheck.build import BuildOptions, build_artifacts
+from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, load_decoder, load_transformer
+from zerocheck.tokenizer import stdlib_corpus_files, train_bpe_tokenizer
+
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def full_logits(model: Transformer, ids: list[int]) -> torch.Tensor:
+    """Last-position logits [V] of `ids` recomputed from scratch (no cache: one masked dummy position)."""
+    config, t = model.config, len(ids)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.cat([torch.zeros(t, 1, dtype=torch.bool), causal], dim=-1)[None]
+    empty = torch.zeros(config.num_layers, 1, config.num_kv_heads, 1, config.head_dim)
+    with torch.no_grad():
+        logits, _, _ = model(torch.tensor([ids]), torch.arange(t)[None], mask, torch.tensor([t - 1]), empty, empty)
+    return logits[0]
+
+
+def write_checkpoint(directory: Path, config) -> Path:
+    """A seeded tiny HF checkpoint with a trained tokenizer, as a user's --hf-checkpoint would be."""
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # non-trivial biases, so a dropped q/k/v bias would show
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    train_bpe_tokenizer(directory, vocab_size=config.vocab_size, files=stdlib_corpus_files(10))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("artifacts")
+    options = BuildOptions(vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=64,
+                           onnx=False, tokenizer_corpus_files=20)
+    build_artifacts(options, out)
+    return out
+
+
+def test_logits_match_transformers_llama(artifacts: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(artifacts / "hf_model").eval()
+    ours = load_transformer(artifacts / "hf_model")
+    ids = torch.randint(0, 512, (1, 23), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf(ids).logits[0]
+    for t in (1, 7, 23):
+        torch.testing.assert_close(full_logits(ours, ids[0, :t].tolist()), expected[t - 1], atol=1e-4, rtol=0)
+
+
+def test_cached_engine_matches_transformers(artifacts: Path) -> None:
+    hf = AutoModelForCausalLM.from_pretrained(artifacts / "hf_model").eval()
+    engine = load_decoder(artifacts, backend="torch", max_slots=2)
+    ids = list(range(40, 60))
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    got = [engine.step([StepRequest("s", ids[:12], start=True, end=False)]).logits[0]]
+    got += [engine.step([StepRequest("s", [t], start=False, end=False)]).logits[0] for t in ids[12:]]
+    torch.testing.assert_close(torch.stack(got), expected[11:], atol=1e-4, rtol=0)
+
+
+def test_hf_save_load_round_trip(artifacts: Path, tmp_path: Path) -> None:
+    model_dir = artifacts / "hf_model"
+    config = DecoderConfig.from_pretrained(model_dir)
+    assert (config.model_type, config.vocab_size, config.num_layers, config.num_kv_heads) == ("llama", 512, 2, 2)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    first, second = load_transformer(model_dir).state_dict(), load_transformer(tmp_path).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LlamaConfig(**TINY),
+        Qwen2Config(**TINY, tie_word_embeddings=True),
+        MistralConfig(**TINY, head_dim=32),
+    ],
+    ids=["llama", "qwen2-tied", "mistral-head-dim"],
+)
+def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", config)
+    manifest = build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64, onnx=False), tmp_path / "out")
+    assert manifest["vocab_size"] == 512 and manifest["model"]["model_type"] == config.model_type
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    engine = load_decoder(tmp_path / "out", backend="torch")
+    ids = [5, 99, 300, 7, 42]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0, -1]
+    got = engine.step([StepRequest("a", ids, start=True, end=True)])
+    assert got.errors == [None]
+    torch.testing.assert_close(got.logits[0], expected, atol=1e-4, rtol=0)
+
+
+def test_unsupported_model_type_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        DecoderConfig.from_hf_dict({"model_type": "gpt2"})
