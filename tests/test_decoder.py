@@ -86,8 +86,11 @@ def test_hf_save_load_round_trip(artifacts: Path, tmp_path: Path) -> None:
         LlamaConfig(**TINY),
         Qwen2Config(**TINY, tie_word_embeddings=True),
         MistralConfig(**TINY, head_dim=32),
+        LlamaConfig(**TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 16}),
     ],
-    ids=["llama", "qwen2-tied", "mistral-head-dim"],
+    ids=["llama", "qwen2-tied", "mistral-head-dim", "llama3-rope"],
 )
 def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     checkpoint = write_checkpoint(tmp_path / "checkpoint", config)
@@ -95,7 +98,7 @@ def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     assert manifest["vocab_size"] == 512 and manifest["model"]["model_type"] == config.model_type
     hf = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     engine = load_decoder(tmp_path / "out", backend="torch")
-    ids = [5, 99, 300, 7, 42]
+    ids = [5, 99, 300, 7, 42] * 6
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0, -1]
     got = engine.step([StepRequest("a", ids, start=True, end=True)])
@@ -103,6 +106,16 @@ def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     torch.testing.assert_close(got.logits[0], expected, atol=1e-4, rtol=0)
 
 
-def test_unsupported_model_type_is_a_clear_error() -> None:
+def test_unsupported_configs_are_clear_errors(artifacts: Path) -> None:
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         DecoderConfig.from_hf_dict({"model_type": "gpt2"})
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        DecoderConfig.from_hf_dict({"model_type": "llama", "rope_parameters": {"rope_type": "yarn"}})
+
+
+def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(tmp_path / "checkpoint", MistralConfig(**TINY, sliding_window=32))
+    build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64, onnx=False), tmp_path / "out")
+    with pytest.raises(ValueError, match="sliding_window 32"):
+        load_decoder(tmp_path / "out", backend="torch")
+    assert load_decoder(tmp_path / "out", backend="torch", max_seq_len=32).pool.max_seq_len == 32

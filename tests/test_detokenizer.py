@@ -1,8 +1,6 @@
 """Streaming detokenization: pieces concatenate to exactly `decode(all_ids)`."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from zerocheck.tokenizer import IncrementalDetokenizer, TextTokenizer, load_tokenizer, stdlib_corpus_files, train_bpe_tokenizer

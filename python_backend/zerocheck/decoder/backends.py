@@ -31,6 +31,7 @@ def onnxruntime_step(onnx_path: Path, num_threads: int | None = None) -> StepFun
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads yield the CPU
     if num_threads:
         options.intra_op_num_threads = num_threads
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])

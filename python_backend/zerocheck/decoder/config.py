@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class DecoderConfig:
     attention_bias: bool  # q/k/v projections carry biases (Qwen2)
     tie_word_embeddings: bool
     model_type: str
+    rope_type: str = "default"
+    rope_scaling: dict[str, float] = field(default_factory=dict)  # llama3: LLAMA3_ROPE_KEYS
+    sliding_window: int | None = None  # Mistral/Qwen2 window; None: full attention
 
     @classmethod
     def from_hf_dict(cls, hf: dict) -> DecoderConfig:
@@ -31,8 +36,9 @@ class DecoderConfig:
             raise ValueError(f"model_type {model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported; only 'default' rotary embeddings")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_type {rope_type!r} is not supported; expected one of {SUPPORTED_ROPE_TYPES}")
+        uses_window = model_type == "mistral" or hf.get("use_sliding_window", False)
         heads = hf["num_attention_heads"]
         return cls(
             vocab_size=hf["vocab_size"],
@@ -48,6 +54,9 @@ class DecoderConfig:
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             model_type=model_type,
+            rope_type=rope_type,
+            rope_scaling={key: float(rope[key]) for key in LLAMA3_ROPE_KEYS} if rope_type == "llama3" else {},
+            sliding_window=hf.get("sliding_window") if uses_window else None,
         )
 
     @classmethod

@@ -18,11 +18,11 @@ from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
 from zerocheck.decoder.weights import load_transformer
+from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
-MODEL_SUBDIR = "hf_model"
 ONNX_FILE = "decoder.onnx"
 BACKENDS = ("torch", "onnxruntime")
-DEFAULT_BACKEND = "onnxruntime"  # faster on the 2-core CPU, see benchmarks/decoder.py
+DEFAULT_BACKEND = "onnxruntime"  # faster than torch on the 2-core CPU, summed over batch 1/8/32 (benchmarks/decoder.py)
 
 
 @dataclass
@@ -153,9 +153,9 @@ def load_decoder(
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
-    if num_threads:
-        torch.set_num_threads(num_threads)
     if backend == "torch":
+        if num_threads:
+            torch.set_num_threads(num_threads)
         step_fn = torch_step(load_transformer(model_dir))
     else:
         onnx_path = root / ONNX_FILE
@@ -163,6 +163,9 @@ def load_decoder(
             raise FileNotFoundError(f"{onnx_path} is missing: build with --onnx or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
     max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
+    if config.sliding_window is not None and max_seq_len > config.sliding_window:
+        raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
+                         "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s)
     print(f"decoder ({backend}): {pool.describe()}")
     return DecoderEngine(config, step_fn, pool, backend)

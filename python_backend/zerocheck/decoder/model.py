@@ -10,6 +10,8 @@ Shapes: B batch rows, T new tokens per row (rows padded to T), P cached position
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -28,9 +30,24 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(variance + self.eps))
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_inv_freq(config: DecoderConfig) -> torch.Tensor:
+    """[D/2] float32 rotary frequencies; `llama3` rescales the low frequencies as Llama 3.1 does."""
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim))
+    if config.rope_type != "llama3":
+        return inv_freq
+    scaling = config.rope_scaling
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """positions: [B, T] int64 -> cos, sin: [B, 1, T, D] float32 (Hugging Face half-split layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [B, T, D/2]
     angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
     return angles.cos(), angles.sin()
@@ -124,6 +141,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rotary_inv_freq(config), persistent=False)
 
     def forward(
         self,
@@ -141,7 +159,7 @@ class Transformer(nn.Module):
         last_index: [B] int64, the row's last real token in T; past_keys, past_values: [L, B, Hkv, P, D] float32.
         Returns logits [B, V] float32 at last_index, new_keys and new_values [L, B, Hkv, T, D] float32.
         """
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)
         mask = attention_mask[:, None, None, :, :]
         x = self.embed_tokens(tokens)
         new_keys, new_values = [], []

@@ -5,6 +5,7 @@ Dynamic axes: batch B, new tokens T, cached positions P. Inputs and outputs are 
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +45,18 @@ def export_onnx(model: Transformer, path: Path) -> None:
         {1: batch, 3: past},
     )
     inputs = example_step_inputs(model.eval(), batch=3, new_tokens=4, past=5)
-    program = torch.onnx.export(
-        model,
-        inputs,
-        dynamo=True,
-        dynamic_shapes=dynamic_shapes,
-        input_names=ONNX_INPUT_NAMES,
-        output_names=ONNX_OUTPUT_NAMES,
-        optimize=True,
-        verbose=False,
-    )
+    with warnings.catch_warnings():  # renaming notes about axes sharing one symbol; expected here
+        warnings.filterwarnings("ignore", message=".*axis name.*", category=UserWarning)
+        program = torch.onnx.export(
+            model,
+            inputs,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=ONNX_INPUT_NAMES,
+            output_names=ONNX_OUTPUT_NAMES,
+            optimize=True,
+            verbose=False,
+        )
     program.save(str(path), external_data=False)
 
 

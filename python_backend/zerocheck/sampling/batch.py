@@ -47,6 +47,7 @@ class SamplingBatch:
     keys: torch.Tensor  # [B, 2] int64 noise keys from (seed, step)
     greedy: list[bool]
     top_k_list: list[int]
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64, bias [N] f32
     penalties: SparsePenalties | None
     banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64
 
@@ -59,14 +60,22 @@ class SamplingBatch:
         return all(self.greedy)
 
 
+def row_steps(step: int | Sequence[int], rows: int) -> list[int]:
+    """One decode step per row: a batch may mix sequences at different steps."""
+    steps = [step] * rows if isinstance(step, int) else list(step)
+    if len(steps) != rows:
+        raise SamplingParamError(f"step has {len(steps)} values but params has {rows}")
+    return steps
+
+
 def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequence[Sequence[int]] | None,
-                step: int, device: torch.device | str = "cpu") -> SamplingBatch:
+                step: int | Sequence[int], device: torch.device | str = "cpu") -> SamplingBatch:
     """Validate shapes and turn per-request params into batch tensors on `device`."""
     if history is not None and len(history) != len(params):
         raise SamplingParamError(f"history has {len(history)} rows but params has {len(params)}")
     greedy = [p.is_greedy for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
-    keys = [row_key(p.seed, step) for p in params]
+    keys = [row_key(p.seed, s) for p, s in zip(params, row_steps(step, len(params)))]
     f32 = dict(dtype=torch.float32, device=device)
     return SamplingBatch(
         vocab_size=vocab_size,
@@ -77,6 +86,7 @@ def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequ
         keys=torch.tensor(keys, dtype=torch.int64, device=device).reshape(len(params), 2),
         greedy=greedy,
         top_k_list=top_k,
+        bias=_logit_bias(params, vocab_size, device),
         penalties=_sparse_penalties(params, history, vocab_size, device),
         banned=_banned_tokens(params, history, vocab_size, device),
     )
@@ -108,6 +118,18 @@ def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequen
         counts=counts.to(torch.float32).to(device),
         repetition=per_pair("repetition_penalty"), presence=per_pair("presence_penalty"),
         frequency=per_pair("frequency_penalty"))
+
+
+def _logit_bias(params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    entries = [(b, token, bias) for b, p in enumerate(params) for token, bias in p.logit_bias]
+    if not entries:
+        return None
+    for b, token, _ in entries:
+        _check_ids(b, [token], vocab_size, "logit_bias")
+    rows, tokens, values = zip(*entries)
+    return (torch.tensor(rows, dtype=torch.int64, device=device), torch.tensor(tokens, dtype=torch.int64, device=device),
+            torch.tensor(values, dtype=torch.float32, device=device))
 
 
 def banned_token_ids(bad_words: Sequence[Sequence[int]], history: Sequence[int]) -> set[int]:

@@ -1,10 +1,12 @@
 """The checked reference chain: the default post-processing, one full pass per stage.
 
-penalties (Hugging Face's gather/scatter repetition penalty, vLLM's dense token counts for
-presence/frequency) -> bad-word mask -> temperature -> softmax over V -> full sort -> top-k ->
-cumulative top-p on the renormalised top-k mass -> min-p -> renormalise -> multinomial.
+logit bias -> penalties (Hugging Face's gather/scatter repetition penalty, vLLM's dense token
+counts for presence/frequency) -> bad-word mask -> temperature -> softmax over V -> full sort ->
+top-k -> cumulative top-p on the renormalised top-k mass -> min-p -> renormalise -> multinomial.
 It is the baseline every comparison runs against, and it draws from exactly the distribution the
 zero-check sampler draws from (same tie rule: a filter keeps every token >= its threshold).
+Each stage is a function of its own, so the Triton chain (`penalties` -> `softmax` ->
+`top_k_top_p` -> `multinomial`) and `CheckedSampler` run the same code.
 Seeded rows draw with their own `torch.Generator` seeded from (seed, step).
 """
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Sequence
 
 import torch
 
-from .batch import SamplingBatch, build_batch
+from .batch import SamplingBatch, build_batch, row_steps
 from .params import SamplingParams
-from .zero_check import SampleOutput, as_float32, finish, resolve_posinf
+from .zero_check import SampleOutput, as_float32
 
 
 def repetition_penalty(x: torch.Tensor, history: Sequence[Sequence[int]], penalty: torch.Tensor) -> None:
@@ -47,21 +49,56 @@ def presence_frequency_penalty(x: torch.Tensor, history: Sequence[Sequence[int]]
     x -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0)
 
 
-def filter_sorted_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                        min_p: torch.Tensor) -> torch.Tensor:
-    """probs: [R, V] sorted descending -> filtered, renormalised [R, V] (new tensor).
-    top_k: [R] int64 (0 = off), top_p, min_p: [R] float32."""
+def penalize(x: torch.Tensor, batch: SamplingBatch, params: Sequence[SamplingParams],
+             history: Sequence[Sequence[int]] | None) -> None:
+    """Stage 1: bias, penalties and bans, in place on x [B, V] float32. A row left with no finite
+    logit falls back to its original argmax: it becomes 0 there and -inf elsewhere."""
+    raw_top = x.argmax(-1)
+    if batch.bias is not None:
+        x.index_put_(batch.bias[:2], batch.bias[2], accumulate=True)
+    if history is not None and any(p.has_penalties for p in params):
+        repetition_penalty(x, history, torch.tensor([p.repetition_penalty for p in params]))
+        presence_frequency_penalty(x, history, torch.tensor([p.presence_penalty for p in params]),
+                                   torch.tensor([p.frequency_penalty for p in params]))
+    if batch.banned is not None:
+        x[batch.banned] = -math.inf
+        masked = (x.amax(-1) == -math.inf).nonzero().flatten()
+        if len(masked):
+            x[masked] = -math.inf
+            x[masked, raw_top[masked]] = 0.0
+
+
+def tempered_probs(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Stage 2: softmax(x / T) over V -> [B, V] float32. Greedy rows become one-hot at the argmax
+    (first index among ties); rows holding +inf spread their mass evenly over the +inf tokens."""
+    probs = torch.softmax(x / batch.temperature.unsqueeze(1), dim=-1)
+    greedy = torch.tensor(batch.greedy, device=x.device)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    posinf = x == math.inf
+    rows = posinf.any(-1)
+    if bool(rows.any()):
+        even = posinf.float() / posinf.sum(-1, keepdim=True).clamp(min=1)
+        probs = torch.where(rows.unsqueeze(1), even, probs)
+    return probs
+
+
+def sort_and_filter(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 3: full sort, then top-k, top-p (on the renormalised top-k mass) and min-p masks.
+    probs: [B, V] -> (filtered, renormalised probabilities sorted descending [B, V] float32,
+    their token ids [B, V] int64)."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     vocab = probs.shape[1]
-    k = torch.where(top_k > 0, top_k, vocab)
-    kth = probs.gather(1, (k - 1).unsqueeze(1))
-    probs = probs.masked_fill(probs < kth, 0.0)
-    renorm = probs / probs.sum(-1, keepdim=True)
-    cum = renorm.cumsum(-1)
-    cut = torch.searchsorted(cum, top_p.unsqueeze(1).to(cum.dtype)).clamp_(max=vocab - 1)
-    pth = torch.where(top_p.unsqueeze(1) < 1.0, probs.gather(1, cut), 0.0)
-    probs = probs.masked_fill(probs < pth, 0.0)
-    probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs[:, :1], 0.0)
-    return probs / probs.sum(-1, keepdim=True)
+    k = torch.where(batch.top_k > 0, batch.top_k, vocab)
+    kth = sorted_probs.gather(1, (k - 1).unsqueeze(1))
+    kept = sorted_probs.masked_fill(sorted_probs < kth, 0.0)
+    cum = (kept / kept.sum(-1, keepdim=True)).cumsum(-1)
+    top_p = batch.top_p.unsqueeze(1)
+    cut = torch.searchsorted(cum, top_p.to(cum.dtype)).clamp_(max=vocab - 1)
+    kept = kept.masked_fill(kept < torch.where(top_p < 1.0, kept.gather(1, cut), 0.0), 0.0)
+    kept = kept.masked_fill(kept < batch.min_p.unsqueeze(1) * kept[:, :1], 0.0)
+    return kept / kept.sum(-1, keepdim=True), order
 
 
 def generator_for(seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -71,51 +108,54 @@ def generator_for(seed: int, step: int, device: torch.device) -> torch.Generator
     return generator
 
 
+def draw_sorted(sorted_probs: torch.Tensor, order: torch.Tensor, params: Sequence[SamplingParams],
+                steps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 4: multinomial over the sorted, filtered probabilities [B, V].
+    Returns token ids [B] int64 and the log-probability of each drawn token [B] float32."""
+    final = torch.nan_to_num(sorted_probs, nan=1.0)  # rows refused earlier (NaN) must not crash the draw
+    positions = torch.empty(final.shape[0], dtype=torch.int64, device=final.device)
+    unseeded = [b for b, p in enumerate(params) if p.seed is None]
+    if unseeded:
+        positions[unseeded] = torch.multinomial(final[unseeded], 1).squeeze(1)
+    for b, p in enumerate(params):
+        if p.seed is not None:
+            positions[b] = torch.multinomial(final[b], 1, generator=generator_for(p.seed, steps[b], final.device))[0]
+    chosen = positions.unsqueeze(1)
+    return order.gather(1, chosen).squeeze(1), torch.log(final.gather(1, chosen).squeeze(1))
+
+
 class CheckedSampler:
     """The checked chain over a whole batch (see the module docstring)."""
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               history: Sequence[Sequence[int]] | None = None, step: int = 0) -> SampleOutput:
-        """logits: [B, V] float32/float16/bfloat16 (left unchanged); returns per-row tokens and errors."""
-        x = as_float32(logits)[0].clone()
-        raw = x.clone()
-        batch = build_batch(params, x.shape[1], history, step, x.device)
-        if history is not None and any(p.has_penalties for p in params):
-            repetition_penalty(x, history, torch.tensor([p.repetition_penalty for p in params]))
-            presence_frequency_penalty(x, history, torch.tensor([p.presence_penalty for p in params]),
-                                       torch.tensor([p.frequency_penalty for p in params]))
-        if batch.banned is not None:
-            x[batch.banned] = -math.inf
-        row_max, tokens = x.max(-1)
-        sampled = [b for b in range(batch.size) if not batch.greedy[b]]
-        if sampled:
-            self._sample_rows(x, batch, params, step, sampled, tokens)
-        resolve_posinf(x, tokens, row_max, batch)
-        return finish(raw, tokens, row_max)
+               history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
+        """logits: [B, V] float32/float16/bfloat16 (left unchanged); step: one for all rows or one per
+        row. Returns per-row tokens and errors."""
+        return self.sample_with_log_probs(logits, params, history, step)[0]
 
-    def _sample_rows(self, x: torch.Tensor, batch: SamplingBatch, params: Sequence[SamplingParams], step: int,
-                     rows: list[int], tokens: torch.Tensor) -> None:
-        index = torch.tensor(rows, device=x.device)
-        scaled = x[index] / batch.temperature[index].unsqueeze(1)
-        probs = torch.softmax(scaled, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        final = filter_sorted_probs(sorted_probs, batch.top_k[index], batch.top_p[index], batch.min_p[index])
-        final = torch.nan_to_num(final, nan=1.0)  # NaN/inf rows: any draw, `finish` replaces it
-        positions = torch.empty(len(rows), dtype=torch.int64, device=x.device)
-        unseeded = [i for i, b in enumerate(rows) if params[b].seed is None]
-        if unseeded:
-            positions[unseeded] = torch.multinomial(final[unseeded], 1).squeeze(1)
-        for i, b in enumerate(rows):
-            if params[b].seed is not None:
-                positions[i] = torch.multinomial(final[i], 1, generator=generator_for(params[b].seed, step, x.device))[0]
-        tokens[index] = order.gather(1, positions.unsqueeze(1)).squeeze(1)
+    def sample_with_log_probs(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+                              history: Sequence[Sequence[int]] | None = None,
+                              step: int | Sequence[int] = 0) -> tuple[SampleOutput, torch.Tensor]:
+        """As `sample`, plus the log-probability [B] of each drawn token under the final distribution."""
+        x = as_float32(logits)[0].clone()
+        batch = build_batch(params, x.shape[1], history, step, x.device)
+        nan_rows = torch.isnan(x).any(-1)
+        x = x.masked_fill(nan_rows.unsqueeze(1), 0.0)
+        penalize(x, batch, params, history)
+        sorted_probs, order = sort_and_filter(tempered_probs(x, batch), batch)
+        tokens, log_probs = draw_sorted(sorted_probs, order, params, row_steps(step, batch.size))
+        errors: list[str | None] = [None] * batch.size
+        for b in nan_rows.nonzero().flatten().tolist():
+            errors[b] = "logits contain NaN"
+            tokens[b] = -1
+        return SampleOutput(tokens, errors), log_probs
 
 
 _SAMPLER = CheckedSampler()
 
 
 def checked_sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-                   history: Sequence[Sequence[int]] | None = None, step: int = 0) -> torch.Tensor:
+                   history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> torch.Tensor:
     """Draw one token per row with the checked chain; same signature and contract as
     `zero_check_sample` (logits [B, V] not modified; returns LongTensor [B])."""
     return _SAMPLER.sample(logits, params, history, step).raise_errors()

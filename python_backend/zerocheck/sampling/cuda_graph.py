@@ -116,8 +116,9 @@ class CudaGraphSampler:
         inputs["greedy"][rows:] = True
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               history: Sequence[Sequence[int]] | None = None, step: int = 0) -> SampleOutput:
-        """logits: [B, V] on `device` (left unchanged); returns per-row tokens and errors."""
+               history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
+        """logits: [B, V] on `device` (left unchanged); step: one or one per row. Returns per-row
+        tokens and errors."""
         if not self._eligible(logits, params):
             self.eager_calls += 1
             return self._eager.sample(logits, params, history, step)

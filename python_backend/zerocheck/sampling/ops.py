@@ -34,10 +34,16 @@ class SparseEdits:
 
 
 def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdits | None:
-    """Apply repetition/presence/frequency penalties and bad-word bans in place, only at the
-    history's (row, token) positions. x: [B, V] float32, modified in place; returns what restores it.
+    """Add logit biases, apply repetition/presence/frequency penalties, then bad-word bans, in place
+    and only at the (row, token) positions they name. x: [B, V] float32, modified in place; returns
+    what restores it.
     """
     parts = []
+    if batch.bias is not None:
+        rows, tokens, bias = batch.bias
+        original = x[rows, tokens]
+        parts.append((rows, tokens, original))
+        x.index_put_((rows, tokens), original + bias)
     if batch.penalties is not None:
         pen = batch.penalties
         original = x[pen.rows, pen.tokens]

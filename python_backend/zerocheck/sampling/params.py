@@ -72,13 +72,15 @@ SAMPLING_PARAMETERS: tuple[ParamSpec, ...] = (
 PARAMETERS_BY_NAME = {spec.name: spec for spec in SAMPLING_PARAMETERS}
 MAX_BAD_WORDS = 1024
 MAX_BAD_WORD_TOKENS = 64
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters of one request; validated on construction.
 
-    `bad_words` are token-id sequences: the last token of a sequence is banned when the sequence's
+    `logit_bias` is (token id, bias) pairs added to the logits before penalties (OpenAI's
+    `logit_bias`, TensorRT-LLM's `embedding_bias`). `bad_words` are token-id sequences: the last token of a sequence is banned when the sequence's
     prefix equals the tail of the history (a one-token sequence is always banned). `seed` makes the
     draw a deterministic function of (seed, step, logits), whatever the batch position.
     """
@@ -91,12 +93,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     bad_words: tuple[tuple[int, ...], ...] = field(default=())
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
     seed: int | None = None
 
     def __post_init__(self) -> None:
         for spec in SAMPLING_PARAMETERS:
             object.__setattr__(self, spec.name, spec.check(getattr(self, spec.name)))
         object.__setattr__(self, "bad_words", _check_bad_words(self.bad_words))
+        object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
         if self.seed is not None:
             if (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
                     or not 0 <= self.seed <= UINT64_MAX):
@@ -135,3 +139,16 @@ def _check_bad_words(bad_words: Sequence[Sequence[int]]) -> tuple[tuple[int, ...
             raise SamplingParamError(f"bad_words token ids must be non-negative integers, got {word!r}")
         checked.append(tuple(int(t) for t in word))
     return tuple(checked)
+
+
+def _check_logit_bias(logit_bias: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise SamplingParamError(f"logit_bias must hold at most {MAX_LOGIT_BIAS} entries, got {len(logit_bias)}")
+    checked = {}
+    for token, bias in logit_bias:
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+            raise SamplingParamError(f"logit_bias token ids must be non-negative integers, got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
+            raise SamplingParamError(f"logit_bias values must be finite numbers, got {bias!r}")
+        checked[int(token)] = checked.get(int(token), 0.0) + float(bias)
+    return tuple(sorted(checked.items()))

@@ -77,8 +77,9 @@ class ZeroCheckSampler:
     """Stateless orchestration of the zero-check sampler (see the module docstring)."""
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               history: Sequence[Sequence[int]] | None = None, step: int = 0) -> SampleOutput:
-        """logits: [B, V] float32/float16/bfloat16 (left unchanged); returns per-row tokens and errors."""
+               history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
+        """logits: [B, V] float32/float16/bfloat16 (left unchanged); step: one for all rows or one per
+        row. Returns per-row tokens and errors."""
         x, shared = as_float32(logits)
         if x.shape[0] != len(params):
             raise SamplingParamError(f"logits have {x.shape[0]} rows but {len(params)} params were given")

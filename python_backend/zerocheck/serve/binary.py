@@ -14,7 +14,7 @@ PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 class TritonServerNotFound(FileNotFoundError):
-    """No tritonserver binary at the given path, in nvidia-pytriton, on PATH or in /opt/tritonserver."""
+    """No tritonserver binary at the given path, $ZEROCHECK_TRITONSERVER, nvidia-pytriton, PATH or /opt/tritonserver."""
 
 
 def pytriton_root() -> Path | None:
@@ -28,7 +28,9 @@ def pytriton_root() -> Path | None:
 
 
 def find_tritonserver(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The binary to run: `explicit`, else the wheel's, else `tritonserver` on PATH, else the NGC one."""
+    """The binary to run: `explicit`, else $ZEROCHECK_TRITONSERVER, else the wheel's, else `tritonserver` on
+    PATH, else the NGC container's."""
+    explicit = explicit or os.environ.get("ZEROCHECK_TRITONSERVER") or None
     if explicit is not None:
         path = Path(explicit)
         if not (path.is_file() and os.access(path, os.X_OK)):

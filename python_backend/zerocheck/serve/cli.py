@@ -47,13 +47,13 @@ def ensure_artifacts(artifacts: Path, build: bool) -> bool:
         print(f"warning: no artifacts in {artifacts} (--no-build); models needing them will fail", file=sys.stderr)
         return True
     try:
-        from zerocheck.build import build_artifacts
+        from zerocheck.build import BuildOptions, build_artifacts
     except ImportError as error:
         print(f"no artifacts in {artifacts} and zerocheck.build is unavailable ({error}):\n"
               f"  run `python build_engines.py` first (or pass --artifacts DIR)", file=sys.stderr)
         return False
     print(f"building artifacts into {artifacts} ...", flush=True)
-    build_artifacts(artifacts)
+    build_artifacts(BuildOptions(), artifacts)
     return True
 
 
@@ -84,7 +84,7 @@ def serve_until_stopped(server: TritonServer) -> int:
 
 
 def interrupt(signum: int, frame: object) -> None:
-    """SIGTERM handler: unwind like Ctrl-C so the server is stopped."""
+    """SIGINT/SIGTERM handler: unwind as KeyboardInterrupt so the server is stopped (also when SIGINT was ignored)."""
     raise KeyboardInterrupt
 
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     except TritonServerNotFound as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
         print(f"starting tritonserver on {repository} (log: {server.log_path}) ...", flush=True)
@@ -122,5 +122,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         print("tritonserver stopped", flush=True)

@@ -25,6 +25,8 @@ API_KEY_HEADER = "admin-key"
 GRPC_API_KEY_HEADER = f"triton-grpc-protocol-{API_KEY_HEADER}"
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 HEADER_FORWARD_PATTERN = "zerocheck.*"
+# error lines Triton prints on any CPU-only machine; left out of failure messages
+HARMLESS_ERRORS = ("CudaDriverHelper", "NVML", "DCGM", "CUDA driver version is insufficient", "pinned memory")
 STARTED_LINE = {"grpc": "Started GRPCInferenceService at {}", "http": "Started HTTPService at {}",
                 "metrics": "Started Metrics Service at {}"}
 
@@ -132,6 +134,15 @@ class TritonServer:
             return ""
         return "\n".join(lines[-n:])
 
+    def log_errors(self, limit: int = 20) -> list[str]:
+        """The first `limit` error lines (`E...`) of the log, without the harmless CPU-only ones."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        errors = [line for line in lines if line.startswith("E") and not any(h in line for h in HARMLESS_ERRORS)]
+        return errors[:limit]
+
     def api_key_headers(self, protocol: str = "http") -> dict[str, str]:
         """Headers that unlock the restricted APIs over `protocol` ("http" or "grpc"); {} without a key."""
         if self.restricted_api_key is None:
@@ -230,7 +241,8 @@ class TritonServer:
             return []
 
     def _fail(self, reason: str) -> None:
-        raise TritonServerError(f"{reason}; log {self.log_path}:\n{self.log_tail()}")
+        errors = "\n".join(self.log_errors())
+        raise TritonServerError(f"{reason}; log {self.log_path}\nerrors:\n{errors}\nlast lines:\n{self.log_tail(20)}")
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after `timeout` s; reap, kill leftover stubs, free shm regions.

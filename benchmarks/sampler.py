@@ -1,0 +1,158 @@
+"""Sampler microbenchmark: checked chain vs zero-check sampler vs a memory-bound floor.
+
+    python benchmarks/sampler.py                     # B in {1,8,32,128}, V in {32000,128256}, CPU
+    python benchmarks/sampler.py --device cuda --json results/sampler_cuda.json
+    python benchmarks/sampler.py --quick             # B=32, V=128256 only
+
+For every (V, B, logits kind, parameter mix) it times one call of `checked_sample`,
+`zero_check_sample` and the floor `logits.amax(dim=-1)` (one read of the logits), interleaved
+round-robin so machine noise hits all three alike, and prints the medians and the ratios
+checked / zero-check and zero-check / floor. Rows are unseeded (the common serving case).
+No assertion on timings: the ratios are the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
+from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample  # noqa: E402
+
+HISTORY_TOKENS = 256
+BIG_CALL = 4_000_000  # B * V above which the slow checked chain gets fewer repeats
+
+MIXES: dict[str, tuple[SamplingParams, bool]] = {  # name -> (params of every row, needs a history)
+    "T0.7": (SamplingParams(temperature=0.7), False),
+    "top_k50": (SamplingParams(top_k=50), False),
+    "top_p0.9": (SamplingParams(top_p=0.9), False),
+    "k50+p0.9+T0.7": (SamplingParams(top_k=50, top_p=0.9, temperature=0.7), False),
+    "penalties+k50": (SamplingParams(top_k=50, repetition_penalty=1.2, presence_penalty=0.5,
+                                     frequency_penalty=0.3), True),
+}
+
+
+def gaussian_logits(batch: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, V] float32 N(0, 3^2): a flat distribution, the hard case for top-p."""
+    return torch.randn(batch, vocab, generator=gen) * 3.0
+
+
+def zipf_logits(batch: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, V] float32 -1.1 * log(rank) with a random rank permutation per row, plus small noise:
+    a peaked, LM-like distribution."""
+    ranks = torch.argsort(torch.rand(batch, vocab, generator=gen), dim=-1).to(torch.float32) + 1.0
+    return -1.1 * torch.log(ranks) + 0.05 * torch.randn(batch, vocab, generator=gen)
+
+
+LOGITS: dict[str, Callable[[int, int, torch.Generator], torch.Tensor]] = {
+    "gauss": gaussian_logits, "zipf": zipf_logits}
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds for one call, synchronising around it on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def bench_case(logits: torch.Tensor, params: list[SamplingParams], history: list[list[int]] | None,
+               repeats: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per call of each contender, calls interleaved round-robin."""
+    calls = {
+        "floor": lambda: logits.amax(dim=-1),
+        "zero_check": lambda: zero_check_sample(logits, params, history),
+        "checked": lambda: checked_sample(logits, params, history),
+    }
+    big = logits.numel() > BIG_CALL
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for name, fn in calls.items():  # warm-up
+        fn()
+    for r in range(repeats):
+        for name, fn in calls.items():
+            if name == "checked" and big and r % 2:
+                continue  # half the repeats for the slow chain on big calls
+            times[name].append(timed(fn, device))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    device = torch.device(args.device)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    print(f"{'V':>7} {'B':>4} {'logits':>6} {'mix':>14} {'checked ms':>11} {'zero-chk ms':>11} "
+          f"{'floor ms':>9} {'chk/zc':>7} {'zc/floor':>8}", flush=True)
+    for vocab in args.vocab:
+        for batch in args.batch:
+            history = [torch.randint(0, vocab, (HISTORY_TOKENS,), generator=gen).tolist() for _ in range(batch)]
+            for kind, make in LOGITS.items():
+                logits = make(batch, vocab, gen).to(device)
+                for mix, (params, needs_history) in MIXES.items():
+                    t = bench_case(logits, [params] * batch, history if needs_history else None,
+                                   args.repeats, device)
+                    row = dict(device=device.type, vocab=vocab, batch=batch, logits=kind, mix=mix,
+                               checked_s=t["checked"], zero_check_s=t["zero_check"], floor_s=t["floor"],
+                               checked_over_zero_check=t["checked"] / t["zero_check"],
+                               zero_check_over_floor=t["zero_check"] / t["floor"])
+                    rows.append(row)
+                    print(f"{vocab:>7} {batch:>4} {kind:>6} {mix:>14} {1e3 * t['checked']:>11.2f} "
+                          f"{1e3 * t['zero_check']:>11.2f} {1e3 * t['floor']:>9.3f} "
+                          f"{row['checked_over_zero_check']:>7.1f} {row['zero_check_over_floor']:>8.1f}", flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
+    return (f"geometric means over {len(rows)} rows: checked/zero-check "
+            f"{geo([r['checked_over_zero_check'] for r in rows]):.2f}x, zero-check/floor "
+            f"{geo([r['zero_check_over_floor'] for r in rows]):.1f}x")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per contender (default 5, quick 3)")
+    parser.add_argument("--quick", action="store_true", help="only B=32, V=128256")
+    parser.add_argument("--json", type=Path, help="write the rows to this file")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch, args.vocab = [32], [128256]
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"sampler benchmark: torch {torch.__version__} on {args.device}, {torch.get_num_threads()} threads, "
+          f"repeats {args.repeats}", flush=True)
+    start = time.perf_counter()
+    rows = run(args)
+    print(summary(rows))
+    print(f"done in {time.perf_counter() - start:.0f}s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

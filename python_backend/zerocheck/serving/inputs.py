@@ -1,0 +1,273 @@
+"""The `generate` model's request contract: one table of inputs, validated in one place.
+
+Input names, dtypes and shapes follow tensorrtllm_backend's `ensemble` / `tensorrt_llm_bls`
+models (batch dimension first, dims [1]), so their clients run unchanged. `parse_generate_request`
+turns the numpy arrays of one request (plus its request parameters) into a `GenerateRequest`, or
+raises `InvalidRequest` whose message names the input and the allowed range.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
+
+
+class InvalidRequest(ValueError):
+    """A request the server refuses (INVALID_ARGUMENT / HTTP 400); the message is client-readable."""
+
+
+class Overloaded(RuntimeError):
+    """The server is at capacity (UNAVAILABLE / HTTP 503): retry later."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of the generate model: Triton dtype, dims after the batch dim, and its role."""
+
+    name: str
+    dtype: str  # Triton type: TYPE_STRING, TYPE_INT32, ...
+    dims: tuple[int, ...] = (1,)
+    role: str = "scalar"  # scalar | text | words | unsupported | ignored
+    doc: str = ""
+
+
+_TRITON_OF = {float: "TYPE_FP32", int: "TYPE_INT32"}
+SAMPLING_INPUTS = tuple(InputSpec(spec.name, _TRITON_OF[spec.kind], doc=spec.doc) for spec in SAMPLING_PARAMETERS)
+
+GENERATE_INPUTS: tuple[InputSpec, ...] = (
+    InputSpec("text_input", "TYPE_STRING", role="text", doc="prompt text (UTF-8)"),
+    InputSpec("max_tokens", "TYPE_INT32", doc="number of tokens to generate"),
+    InputSpec("min_tokens", "TYPE_INT32", doc="end_id is banned until this many tokens were generated"),
+    InputSpec("stream", "TYPE_BOOL", doc="stream one response per token (decoupled)"),
+    InputSpec("stream_interval", "TYPE_INT32", doc="tokens per streamed response"),
+    *SAMPLING_INPUTS,
+    InputSpec("random_seed", "TYPE_UINT64", doc="seed: same seed, same tokens"),
+    InputSpec("seed", "TYPE_UINT64", doc="newer name of random_seed"),
+    InputSpec("bad_words", "TYPE_STRING", (-1,), role="words", doc="words that never appear in the output"),
+    InputSpec("stop_words", "TYPE_STRING", (-1,), role="words", doc="words that end generation"),
+    InputSpec("end_id", "TYPE_INT32", doc="end-of-sequence token id (default: the tokenizer's EOS)"),
+    InputSpec("pad_id", "TYPE_INT32", doc="padding token id (accepted; outputs are not padded)"),
+    InputSpec("return_log_probs", "TYPE_BOOL", doc="return cum_log_probs and output_log_probs"),
+    InputSpec("exclude_input_in_output", "TYPE_BOOL", doc="non-streamed text_output without the prompt"),
+    InputSpec("num_return_sequences", "TYPE_INT32", doc="independent samples per request"),
+    InputSpec("return_perf_metrics", "TYPE_BOOL", doc="return arrival/first/last token timestamps"),
+    InputSpec("embedding_bias_words", "TYPE_STRING", (-1,), role="words", doc="words whose logits get a bias"),
+    InputSpec("embedding_bias_weights", "TYPE_FP32", (-1,), role="ignored", doc="bias per embedding_bias_words"),
+    InputSpec("beam_width", "TYPE_INT32", doc="only 1 (sampling) is served"),
+    InputSpec("length_penalty", "TYPE_FP32", role="ignored", doc="beam search only; no effect at beam_width 1"),
+    InputSpec("return_context_logits", "TYPE_BOOL", doc="not served"),
+    InputSpec("return_generation_logits", "TYPE_BOOL", doc="not served"),
+    InputSpec("decoder_text_input", "TYPE_STRING", role="unsupported", doc="encoder-decoder models: not served"),
+    InputSpec("image_input", "TYPE_FP16", (3, 224, 224), role="unsupported", doc="multimodal: not served"),
+    InputSpec("prompt_embedding_table", "TYPE_FP16", (-1, -1), role="unsupported", doc="p-tuning: not served"),
+    InputSpec("prompt_vocab_size", "TYPE_INT32", role="unsupported", doc="p-tuning: not served"),
+    InputSpec("prompt_table_extra_id", "TYPE_UINT64", role="unsupported", doc="p-tuning: not served"),
+    InputSpec("lora_task_id", "TYPE_UINT64", role="unsupported", doc="LoRA: not served"),
+    InputSpec("lora_weights", "TYPE_FP16", (-1, -1), role="unsupported", doc="LoRA: not served"),
+    InputSpec("lora_config", "TYPE_INT32", (-1, 3), role="unsupported", doc="LoRA: not served"),
+    InputSpec("guided_decoding_guide_type", "TYPE_STRING", role="unsupported", doc="guided decoding: not served"),
+    InputSpec("guided_decoding_guide", "TYPE_STRING", role="unsupported", doc="guided decoding: not served"),
+    InputSpec("num_draft_tokens", "TYPE_INT32", doc="speculative decoding: only 0"),
+    InputSpec("use_draft_logits", "TYPE_BOOL", doc="speculative decoding: only false"),
+)
+INPUTS_BY_NAME = {spec.name: spec for spec in GENERATE_INPUTS}
+REQUEST_PARAMETERS = ("zerocheck", "retry_reason", "request_id")
+_SWITCH = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server limits from the model config."""
+
+    max_prompt_tokens: int = 768
+    max_output_tokens: int = 256
+    max_context: int = 1024
+    max_words: int = 256
+    max_word_bytes: int = 256
+    max_prompt_bytes: int = 64 * 1024
+    max_return_sequences: int = 4
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated generation request. Word lists are still text; `tokenize_words` fills ids."""
+
+    prompt: str
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stream: bool = False
+    stream_interval: int = 1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seeded: bool = False
+    bad_words: tuple[str, ...] = ()
+    stop_words: tuple[str, ...] = ()
+    bias_words: tuple[tuple[str, float], ...] = ()
+    end_id: int | None = None
+    return_log_probs: bool = False
+    exclude_input_in_output: bool = False
+    num_return_sequences: int = 1
+    return_perf_metrics: bool = False
+    zerocheck: bool = True
+    retry_reason: str | None = None
+
+    def with_sampling(self, **changes: Any) -> "GenerateRequest":
+        return replace(self, sampling=replace(self.sampling, **changes))
+
+
+def _scalar(name: str, value: np.ndarray) -> Any:
+    if value.size != 1:
+        raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(value.shape)}")
+    item = value.reshape(-1)[0]
+    return item.item() if isinstance(item, np.generic) else item
+
+
+def _text(name: str, value: np.ndarray, limit: int) -> str:
+    item = _scalar(name, value)
+    if not isinstance(item, (bytes, str)):
+        raise InvalidRequest(f"{name} must be a string")
+    if isinstance(item, bytes):
+        if len(item) > limit:
+            raise InvalidRequest(f"{name} must be at most {limit} bytes, got {len(item)}")
+        try:
+            item = item.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidRequest(f"{name} is not valid UTF-8 (byte {error.start})") from None
+    return item
+
+
+def _words(name: str, value: np.ndarray, limits: Limits) -> tuple[str, ...]:
+    items = value.reshape(-1).tolist()
+    words = []
+    for item in items:
+        if not isinstance(item, (bytes, str)):
+            raise InvalidRequest(f"{name} must be a list of strings")
+        text = _text(name, np.array([item], dtype=object), limits.max_word_bytes)
+        # tensorrtllm_backend clients send comma-separated words in one string
+        words += [w for w in (part.strip() for part in text.split(",")) if w] if "," in text else [text] if text else []
+    if len(words) > limits.max_words:
+        raise InvalidRequest(f"{name} must hold at most {limits.max_words} words, got {len(words)}")
+    return tuple(words)
+
+
+def _expect(name: str, value: np.ndarray, dtype: str) -> None:
+    kinds = {"TYPE_STRING": "OSU", "TYPE_BOOL": "b", "TYPE_FP32": "f", "TYPE_FP16": "f", "TYPE_INT32": "iu",
+             "TYPE_UINT64": "iu"}
+    if value.dtype.kind not in kinds[dtype]:
+        raise InvalidRequest(f"{name} must be {dtype.removeprefix('TYPE_')}, got {value.dtype}")
+
+
+def _bounded_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not float(value).is_integer() or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def parse_switch(value: Any) -> bool:
+    """The `zerocheck` request parameter / header: on|off (also true/false, 1/0, JSON booleans)."""
+    if isinstance(value, bool):
+        return value
+    key = str(value).strip().lower()
+    if key not in _SWITCH:
+        raise InvalidRequest(f"zerocheck must be 'on' or 'off', got {value!r}")
+    return _SWITCH[key]
+
+
+def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],
+                           limits: Limits = Limits()) -> GenerateRequest:
+    """Validate one request. arrays: input name -> numpy array (batch dim included, batch size 1);
+    parameters: request parameters (gRPC headers matching `zerocheck.*` arrive here too)."""
+    unknown = sorted(set(parameters) - set(REQUEST_PARAMETERS))
+    if unknown:
+        raise InvalidRequest(f"unknown request parameter(s): {', '.join(unknown)}; "
+                             f"known: {', '.join(REQUEST_PARAMETERS)}")
+    for name, value in arrays.items():
+        spec = INPUTS_BY_NAME.get(name)
+        if spec is None:
+            raise InvalidRequest(f"unknown input {name!r}")
+        _expect(name, value, spec.dtype)
+        if value.ndim and value.shape[0] != 1:
+            raise InvalidRequest(f"{name}: batch size must be 1, got shape {list(value.shape)}")
+        if spec.role == "unsupported":
+            raise InvalidRequest(f"{name} is not supported by this server ({spec.doc})")
+    if "text_input" not in arrays:
+        raise InvalidRequest("text_input is required")
+    values = {name: _scalar(name, arrays[name]) for name, spec in INPUTS_BY_NAME.items()
+              if name in arrays and spec.role == "scalar"}
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"{name} must be finite, got {value}")
+    prompt = _text("text_input", arrays["text_input"], limits.max_prompt_bytes)
+    if not prompt:
+        raise InvalidRequest("text_input must not be empty")
+    _refuse(values)
+    seed = values.get("seed", values.get("random_seed"))
+    try:
+        sampling = SamplingParams(**{spec.name: values[spec.name] for spec in SAMPLING_PARAMETERS
+                                     if spec.name in values}, seed=seed if seed is not None else _fresh_seed())
+    except SamplingParamError as error:
+        raise InvalidRequest(str(error)) from None
+    bias_words = _bias_words(arrays, limits)
+    return GenerateRequest(
+        prompt=prompt,
+        max_tokens=_bounded_int("max_tokens", values.get("max_tokens", 16), 1, limits.max_output_tokens),
+        min_tokens=_bounded_int("min_tokens", values.get("min_tokens", 0), 0, limits.max_output_tokens),
+        stream=bool(values.get("stream", False)),
+        stream_interval=_bounded_int("stream_interval", values.get("stream_interval", 1), 1, limits.max_output_tokens),
+        sampling=sampling,
+        seeded=seed is not None,
+        bad_words=_words("bad_words", arrays["bad_words"], limits) if "bad_words" in arrays else (),
+        stop_words=_words("stop_words", arrays["stop_words"], limits) if "stop_words" in arrays else (),
+        bias_words=bias_words,
+        end_id=_bounded_int("end_id", values["end_id"], -1, 2**31 - 1) if "end_id" in values else None,
+        return_log_probs=bool(values.get("return_log_probs", False)),
+        exclude_input_in_output=bool(values.get("exclude_input_in_output", False)),
+        num_return_sequences=_bounded_int("num_return_sequences", values.get("num_return_sequences", 1), 1,
+                                          limits.max_return_sequences),
+        return_perf_metrics=bool(values.get("return_perf_metrics", False)),
+        zerocheck=parse_switch(parameters.get("zerocheck", "on")),
+        retry_reason=str(parameters["retry_reason"]) if "retry_reason" in parameters else None,
+    )
+
+
+def check_context(request: GenerateRequest, prompt_tokens: int, limits: Limits) -> None:
+    """Prompt length and prompt + max_tokens against the limits (after tokenization)."""
+    if prompt_tokens > limits.max_prompt_tokens:
+        raise InvalidRequest(f"text_input is {prompt_tokens} tokens, the limit is {limits.max_prompt_tokens}")
+    if prompt_tokens + request.max_tokens > limits.max_context:
+        raise InvalidRequest(f"max_tokens {request.max_tokens} + prompt {prompt_tokens} tokens exceeds the context "
+                             f"of {limits.max_context} tokens; max_tokens must be <= "
+                             f"{limits.max_context - prompt_tokens}")
+
+
+def _refuse(values: Mapping[str, Any]) -> None:
+    """Inputs that are accepted only at their neutral value."""
+    if values.get("beam_width", 1) != 1:
+        raise InvalidRequest(f"beam_width must be 1 (beam search is not supported), got {values['beam_width']}")
+    if values.get("num_draft_tokens", 0) != 0 or values.get("use_draft_logits", False):
+        raise InvalidRequest("num_draft_tokens/use_draft_logits: speculative decoding is not supported")
+    for name in ("return_context_logits", "return_generation_logits"):
+        if values.get(name, False):
+            raise InvalidRequest(f"{name} is not supported by this server")
+
+
+def _bias_words(arrays: Mapping[str, np.ndarray], limits: Limits) -> tuple[tuple[str, float], ...]:
+    if "embedding_bias_words" not in arrays and "embedding_bias_weights" not in arrays:
+        return ()
+    words = _words("embedding_bias_words", arrays.get("embedding_bias_words", np.array([[]], dtype=object)), limits)
+    weights = arrays.get("embedding_bias_weights", np.zeros((1, 0), dtype=np.float32)).reshape(-1).tolist()
+    if len(words) != len(weights):
+        raise InvalidRequest(f"embedding_bias_words has {len(words)} words but embedding_bias_weights "
+                             f"has {len(weights)} values")
+    if not all(math.isfinite(w) for w in weights):
+        raise InvalidRequest("embedding_bias_weights must be finite")
+    return tuple(zip(words, weights))
+
+
+def _fresh_seed() -> int:
+    """Unseeded requests draw a fresh 64-bit seed: fresh randomness, reproducible inside the request."""
+    return int.from_bytes(os.urandom(8), "little")

@@ -1,0 +1,71 @@
+"""Custom Prometheus metrics of the `generate` model, exported next to Triton's own on the
+metrics port through `pb_utils.MetricFamily`.
+
+zerocheck_requests_total{sampler, bypass}      requests by the path that served them (bypass rate)
+zerocheck_degraded_total{reason}               zero-check requests served by the checked path
+zerocheck_request_errors_total{code}           refused or failed requests
+zerocheck_generated_tokens_total{sampler}      completion tokens
+zerocheck_time_to_first_token_seconds{sampler} histogram
+zerocheck_time_per_output_token_seconds{sampler} histogram
+zerocheck_active_sequences                     sequences generating now
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from zerocheck.generate.loop import CHECKED, ZERO_CHECK, Generation
+
+TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+PATHS = (ZERO_CHECK, CHECKED)
+
+
+class GenerateMetrics:
+    def __init__(self, pb_utils: Any) -> None:
+        family = pb_utils.MetricFamily
+        self.families: list[Any] = []  # a MetricFamily must outlive its Metric objects
+
+        def counter(name: str, doc: str) -> Any:
+            return keep(family(name=name, description=doc, kind=family.COUNTER))
+
+        def keep(created: Any) -> Any:
+            self.families.append(created)
+            return created
+
+        requests = counter("zerocheck_requests_total", "generate requests by sampler path and check-layer bypass")
+        self.requests = {(path, bypass): requests.Metric(labels={"sampler": path, "bypass": str(bypass).lower()})
+                         for path in PATHS for bypass in (True, False)}
+        self._degraded = counter("zerocheck_degraded_total", "zero-check requests served by the checked path")
+        self._degraded_by: dict[str, Any] = {}
+        self._errors = counter("zerocheck_request_errors_total", "generate requests refused or failed")
+        self._errors_by: dict[str, Any] = {}
+        tokens = counter("zerocheck_generated_tokens_total", "completion tokens generated")
+        self.tokens = {path: tokens.Metric(labels={"sampler": path}) for path in PATHS}
+        ttft = keep(family(name="zerocheck_time_to_first_token_seconds", description="time to first token",
+                           kind=family.HISTOGRAM))
+        tpot = keep(family(name="zerocheck_time_per_output_token_seconds",
+                           description="time per output token after the first", kind=family.HISTOGRAM))
+        self.ttft = {p: ttft.Metric(labels={"sampler": p}, buckets=TTFT_BUCKETS) for p in PATHS}
+        self.tpot = {p: tpot.Metric(labels={"sampler": p}, buckets=TPOT_BUCKETS) for p in PATHS}
+        self.active = keep(family(name="zerocheck_active_sequences", description="sequences generating now",
+                                  kind=family.GAUGE)).Metric(labels={})
+
+    def request(self, path: str, bypass: bool, degraded: str | None) -> None:
+        self.requests[(path, bypass)].increment(1)
+        if degraded:
+            if degraded not in self._degraded_by:
+                self._degraded_by[degraded] = self._degraded.Metric(labels={"reason": degraded})
+            self._degraded_by[degraded].increment(1)
+
+    def error(self, code: str) -> None:
+        if code not in self._errors_by:
+            self._errors_by[code] = self._errors.Metric(labels={"code": code})
+        self._errors_by[code].increment(1)
+
+    def finished(self, path: str, generation: Generation) -> None:
+        self.tokens[path].increment(generation.completion_tokens)
+        if generation.first_token_ns:
+            self.ttft[path].observe((generation.first_token_ns - generation.arrival_ns) / 1e9)
+            if generation.completion_tokens > 1:
+                decode_s = (generation.last_token_ns - generation.first_token_ns) / 1e9
+                self.tpot[path].observe(decode_s / (generation.completion_tokens - 1))

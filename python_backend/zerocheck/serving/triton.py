@@ -1,0 +1,106 @@
+"""Small helpers shared by the `model.py` adapters: config, tensors in and out, errors.
+
+`pb_utils` (triton_python_backend_utils) exists only inside the Python backend stub, so every
+function takes it as an argument; the package itself never imports it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from zerocheck.sampling import SamplingParamError
+from zerocheck.serving.inputs import InvalidRequest, Overloaded
+
+log = logging.getLogger("zerocheck")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+class ModelConfig:
+    """The parsed `model_config` of `initialize(args)`: its string parameters and a few lookups."""
+
+    def __init__(self, args: Mapping[str, str]) -> None:
+        self.raw = json.loads(args["model_config"])
+        self.name: str = self.raw["name"]
+        self.parameters = {k: v["string_value"] for k, v in self.raw.get("parameters", {}).items()}
+        self.max_batch_size = int(self.raw.get("max_batch_size", 0))
+        self.input_names = [i["name"] for i in self.raw.get("input", [])]
+
+    def get(self, key: str, default: str) -> str:
+        value = self.parameters.get(key, default)
+        return default if value.startswith("${") else value  # unfilled template value
+
+    def get_int(self, key: str, default: int) -> int:
+        return int(self.get(key, str(default)))
+
+    def get_float(self, key: str, default: float) -> float:
+        return float(self.get(key, str(default)))
+
+    def artifacts_dir(self) -> Path:
+        """ZEROCHECK_ARTIFACTS, else the `artifacts` parameter, else artifacts/ beside the repository."""
+        return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or self.get("artifacts", str(REPO_ROOT / "artifacts")))
+
+    def vocab_size(self) -> int:
+        """The decoder's vocabulary size, from the built artifacts."""
+        config = json.loads((self.artifacts_dir() / "hf_model" / "config.json").read_text())
+        return int(config["vocab_size"])
+
+    def device(self) -> str:
+        """The `device` parameter (auto | cpu | cuda), resolved once: auto means cuda when available."""
+        import torch
+
+        wanted = self.get("device", "auto")
+        return "cuda" if wanted in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+
+
+def request_arrays(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """Inputs present in `request`, by name, as numpy arrays (batch dimension included)."""
+    arrays = {}
+    for name in names:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            arrays[name] = tensor.as_numpy()
+    return arrays
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    text = request.parameters()
+    return json.loads(text) if text else {}
+
+
+def error_for(pb_utils: Any, error: BaseException) -> Any:
+    """A TritonError for `error`: the client sees the message of a refused request, never a traceback."""
+    codes = pb_utils.TritonError
+    if isinstance(error, (InvalidRequest, SamplingParamError)):
+        return codes(str(error), codes.INVALID_ARG)
+    if isinstance(error, Overloaded):
+        return codes(str(error), codes.UNAVAILABLE)
+    log.exception("internal error", exc_info=error)
+    return codes(f"internal error ({type(error).__name__}); see the server log", codes.INTERNAL)
+
+
+def error_response(pb_utils: Any, error: BaseException) -> Any:
+    return pb_utils.InferenceResponse(output_tensors=[], error=error_for(pb_utils, error))
+
+
+def tensors(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> list[Any]:
+    return [pb_utils.Tensor(name, array) for name, array in arrays.items()]
+
+
+def scalar_inputs(pb_utils: Any, request: Any, specs: Mapping[str, tuple[Any, type]]) -> dict[str, Any]:
+    """Optional [1, 1] scalar inputs with defaults. specs: name -> (default, python type)."""
+    values = {}
+    for name, (default, kind) in specs.items():
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            values[name] = default
+            continue
+        array = tensor.as_numpy()
+        if array.size != 1:
+            raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(array.shape)}")
+        values[name] = kind(array.reshape(-1)[0].item())
+    return values

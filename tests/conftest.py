@@ -1,0 +1,76 @@
+"""Fixtures that run a real tritonserver: `triton_server` (one per session, repo's model_repository/) and
+`server_factory` (per test). Tests using them get the `server` marker; they skip without a tritonserver binary."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from zerocheck.serve import TritonServer, TritonServerNotFound, find_tritonserver
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SERVER_FIXTURES = {"tritonserver_binary", "triton_server", "server_factory"}
+READY_TIMEOUT_S = 300.0
+
+
+def test_artifacts_dir() -> Path:
+    """Small artifacts the model repository loads in tests (built once into artifacts-test/, gitignored);
+    falls back to REPO_ROOT/artifacts when zerocheck.build is not importable."""
+    try:
+        from zerocheck.build import BuildOptions, build_artifacts
+    except ImportError:
+        return REPO_ROOT / "artifacts"
+    out = REPO_ROOT / "artifacts-test"
+    options = BuildOptions(vocab_size=600, layers=1, hidden=32, heads=2, kv_heads=1, max_seq_len=256,
+                           tokenizer_corpus_files=5)
+    build_artifacts(options, out)
+    return out
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(scope="session")
+def tritonserver_binary() -> Path:
+    """The tritonserver binary the server fixtures run; skips the test when there is none."""
+    try:
+        return find_tritonserver()
+    except TritonServerNotFound as error:
+        pytest.skip(f"no tritonserver binary: {error}")
+
+
+@pytest.fixture(scope="session")
+def triton_server(tritonserver_binary: Path) -> Iterator[TritonServer]:
+    """The real server over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=test_artifacts_dir(),
+    on free loopback ports, started once per session and READY (every model)."""
+    artifacts = test_artifacts_dir()
+    server = TritonServer(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
+                          env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
+    server.start()
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server_factory(tritonserver_binary: Path) -> Iterator[Callable[..., TritonServer]]:
+    """`make(model_repository, **TritonServer kwargs) -> TritonServer`: started and READY; all stopped at test end."""
+    servers: list[TritonServer] = []
+
+    def make(model_repository: str | os.PathLike[str], **kwargs: object) -> TritonServer:
+        kwargs.setdefault("tritonserver", tritonserver_binary)
+        server = TritonServer(model_repository, **kwargs)
+        servers.append(server)
+        server.start().wait_ready(READY_TIMEOUT_S)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -1,0 +1,100 @@
+"""build_engines.py / `zerocheck build`: manifest, idempotency, rebuild triggers, GPU-only flags."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerocheck.build import cli
+from zerocheck.build.manifest import sha256_of
+from zerocheck.cli import main as zerocheck_main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_FLAGS = ["--vocab-size", "600", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+              "--max-seq-len", "16", "--corpus-files", "5", "--no-onnx"]
+
+
+def run_build(out: Path, *extra: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return cli.run(parser.parse_args(["--out", str(out), *TINY_FLAGS, *extra]))
+
+
+def test_defaults_match_the_issue() -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.vocab_size, args.layers, args.hidden, args.heads, args.kv_heads, args.max_seq_len) == (32000, 4, 256, 8, 2, 1024)
+    assert args.onnx and not args.tensorrt and not args.tensorrt_llm and not args.force
+    assert args.out == REPO_ROOT / "artifacts"
+
+
+def test_manifest_and_idempotency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "art"
+    assert run_build(out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["vocab_size"] == manifest["tokenizer"]["vocab_size"] == 600
+    assert manifest["dtype"] == "float32" and manifest["onnx"] is None
+    assert manifest["options"]["intermediate"] == 128 and manifest["options"]["layers"] == 1
+    assert {"hf_model/config.json", "hf_model/model.safetensors", "hf_model/tokenizer.json"} <= manifest["files"].keys()
+    for name, entry in manifest["files"].items():
+        assert sha256_of(out / name) == entry["sha256"]
+    capsys.readouterr()
+    assert run_build(out) == 0
+    assert "artifacts up to date" in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())["built_at"] == manifest["built_at"]
+
+
+def test_changes_trigger_a_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "art"
+    run_build(out)
+    (out / "hf_model" / "config.json").write_text("{}")  # tampered file
+    capsys.readouterr()
+    run_build(out)
+    assert "up to date" not in capsys.readouterr().out
+    run_build(out, "--seed", "7")  # new options
+    assert json.loads((out / "manifest.json").read_text())["options"]["seed"] == 7
+    run_build(out, "--seed", "7", "--force")
+    assert "up to date" not in capsys.readouterr().out
+
+
+def test_unrelated_files_in_out_dir_survive(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("keep me")
+    run_build(tmp_path)
+    run_build(tmp_path, "--force")
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_reserved_padding_is_recorded(tmp_path: Path) -> None:
+    run_build(tmp_path, "--vocab-size", "9000")
+    tokenizer = json.loads((tmp_path / "manifest.json").read_text())["tokenizer"]
+    assert tokenizer["vocab_size"] == 9000 and tokenizer["reserved_tokens"] > 0 and tokenizer["reserved_note"]
+
+
+@pytest.mark.parametrize("flag, package", [("--tensorrt", "tensorrt"), ("--tensorrt-llm", "tensorrt_llm")])
+def test_gpu_flags_stop_with_a_clear_message(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, package: str) -> None:
+    assert run_build(tmp_path / "art", flag) == 1
+    output = capsys.readouterr().out
+    assert f"build failed: {flag} needs" in output and (package in output or "CUDA" in output)
+    assert not (tmp_path / "art").exists()
+
+
+def test_invalid_shape_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_build(tmp_path, "--heads", "3") == 1
+    assert "must divide" in capsys.readouterr().out
+
+
+def test_zerocheck_cli_dispatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert zerocheck_main(["build", "--out", str(tmp_path), *TINY_FLAGS]) == 0
+    assert zerocheck_main(["build", "--out", str(tmp_path), *TINY_FLAGS]) == 0
+    assert "artifacts up to date" in capsys.readouterr().out
+
+
+def test_build_engines_script_help() -> None:
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "build_engines.py"), "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "--hf-checkpoint" in result.stdout and "--no-onnx" in result.stdout

@@ -1,0 +1,134 @@
+"""CUDA-graph sampler: same tokens as the eager zero-check sampler, replays counted, same distribution.
+
+GPU tests are marked `gpu` and skipped without CUDA; the runner choice (`make_sampler`) and the
+bucket layout are checked on CPU too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from reference_sampling import reference_probs
+from zerocheck.sampling import SamplingParams, ZeroCheckSampler
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def cuda_graph():
+    return pytest.importorskip("zerocheck.sampling.cuda_graph")
+
+
+def mixed_params(batch: int, base_seed: int) -> list[SamplingParams]:
+    """Graph-eligible rows: greedy, top-k, top-k with top-p / min-p / temperature, penalties."""
+    kinds = [SamplingParams(temperature=0.0), SamplingParams(top_k=40), SamplingParams(top_k=1),
+             SamplingParams(top_k=20, top_p=0.8, temperature=0.7), SamplingParams(top_k=64, min_p=0.1),
+             SamplingParams(top_k=10, repetition_penalty=1.3, presence_penalty=0.4, bad_words=((3,),))]
+    return [replace(kinds[b % len(kinds)], seed=base_seed + b) for b in range(batch)]
+
+
+# --- CPU ------------------------------------------------------------------------------------
+
+def test_make_sampler_is_eager_on_cpu(cuda_graph) -> None:
+    sampler = cuda_graph.make_sampler(32000, 8, "cpu")
+    assert isinstance(sampler, ZeroCheckSampler)
+
+
+def test_buckets_are_powers_of_two_then_the_max(cuda_graph) -> None:
+    assert cuda_graph.CudaGraphSampler(1000, 12, device="cuda").buckets == [1, 2, 4, 8, 12]
+    assert cuda_graph.CudaGraphSampler(1000, 8, device="cuda").buckets == [1, 2, 4, 8]
+    assert cuda_graph.CudaGraphSampler(1000, 1, device="cuda").buckets == [1]
+
+
+def test_default_device_accepts_logits_on_cuda0(cuda_graph) -> None:
+    """Every CUDA tensor reports an indexed device (cuda:0); a sampler built with the default
+    device="cuda" must still treat it as its own, or it never replays a graph."""
+    sampler = cuda_graph.CudaGraphSampler(1000, 8)  # device="cuda"
+    logits = SimpleNamespace(device=torch.device("cuda", 0), shape=(2, 1000), dim=lambda: 2)
+    assert sampler._eligible(logits, [SamplingParams(top_k=5)] * 2)
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("vocab", [1000, 32000])
+def test_graph_tokens_equal_eager_tokens(cuda_graph, batch: int, vocab: int) -> None:
+    sampler = cuda_graph.CudaGraphSampler(vocab, 16)
+    eager = ZeroCheckSampler()
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    for step in range(3):
+        logits = torch.randn(batch, vocab, device="cuda", generator=gen) * 3
+        params = mixed_params(batch, 1000 * batch)
+        history = [[3, 5, 5, 7 + b] for b in range(batch)]
+        before = logits.clone()
+        graph_out = sampler.sample(logits, params, history, step)
+        eager_out = eager.sample(logits, params, history, step)
+        assert torch.equal(logits, before), "logits modified"
+        assert graph_out.errors == eager_out.errors == [None] * batch
+        assert torch.equal(graph_out.tokens.cpu(), eager_out.tokens.cpu()), (batch, vocab, step)
+    assert sampler.replays == 3 and sampler.eager_calls == 0
+    assert sampler.buckets == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_replays_count_and_ineligible_batches_run_eager(cuda_graph) -> None:
+    sampler = cuda_graph.make_sampler(4096, 8, "cuda")
+    assert isinstance(sampler, cuda_graph.CudaGraphSampler)
+    logits = torch.randn(3, 4096, device="cuda")
+    sampler.sample(logits, [SamplingParams(top_k=5, seed=1)] * 3)
+    sampler.sample(logits, [SamplingParams(temperature=0.0)] * 3)
+    assert (sampler.replays, sampler.eager_calls) == (2, 0)
+    dense = [SamplingParams(top_p=0.9, seed=2)] * 3  # dense top-p: not graph-eligible
+    out = sampler.sample(logits, dense)
+    assert sampler.eager_calls == 1
+    assert torch.equal(out.tokens, ZeroCheckSampler().sample(logits, dense).tokens)
+    tied = logits.clone()
+    tied[:, :10] = 50.0  # ties past the top-k candidates: replay, then eager
+    out = sampler.sample(tied, [SamplingParams(top_k=3, seed=3)] * 3)
+    assert sampler.eager_calls == 2 and set(out.tokens.tolist()) <= set(range(10))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_graph_nan_and_posinf_rows(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 4)
+    logits = torch.randn(4, 1000, device="cuda")
+    logits[1, 5] = math.nan
+    logits[2, 700] = math.inf
+    params = [SamplingParams(top_k=5, seed=b) for b in range(4)]
+    out = sampler.sample(logits, params)
+    eager = ZeroCheckSampler().sample(logits, params)
+    assert out.errors[1] is not None and out.errors[0] is None and out.errors[2] is None
+    assert int(out.tokens[2]) == 700
+    assert out.tokens.tolist() == eager.tokens.tolist()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_graph_distribution_matches_reference(cuda_graph) -> None:
+    from scipy.stats import chisquare
+    vocab, draws, batch = 300, 20_000, 250
+    rng = np.random.default_rng(0)
+    row = rng.normal(-14, 0.5, vocab).astype(np.float32)
+    row[rng.choice(vocab, 60, replace=False)] = rng.uniform(-2.5, 0, 60)
+    params = SamplingParams(top_k=40, top_p=0.9, temperature=0.8)
+    probs = reference_probs(row, params)
+    sampler = cuda_graph.CudaGraphSampler(vocab, batch)
+    logits = torch.from_numpy(row).to("cuda").unsqueeze(0).repeat(batch, 1)
+    tokens = np.concatenate([
+        sampler.sample(logits, [replace(params, seed=start + b) for b in range(batch)]).tokens.cpu().numpy()
+        for start in range(0, draws, batch)])
+    assert sampler.replays == draws // batch
+    counts = np.bincount(tokens, minlength=vocab)
+    support = probs > 0
+    assert counts[~support].sum() == 0
+    assert (counts[support] > 0).all() and probs[support].min() >= 1e-3
+    assert chisquare(counts[support], probs[support] * draws).pvalue > 1e-3

@@ -1,0 +1,65 @@
+"""ONNX export of the decoder step: parity with torch, and the onnxruntime engine backend."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from zerocheck.build import BuildOptions, build_artifacts
+from zerocheck.decoder import StepRequest, load_decoder, load_transformer
+from zerocheck.decoder.onnx_export import onnx_max_abs_diff
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("artifacts")
+    options = BuildOptions(vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=48,
+                           onnx=True, tokenizer_corpus_files=20)
+    build_artifacts(options, out)
+    return out
+
+
+def test_manifest_records_the_onnx_check(artifacts: Path) -> None:
+    report = json.loads((artifacts / "manifest.json").read_text())["onnx"]
+    assert report["file"] == "decoder.onnx" and 0 <= report["max_abs_diff"] < 1e-3
+    assert onnx_max_abs_diff(load_transformer(artifacts / "hf_model"), artifacts / "decoder.onnx") < 1e-4
+
+
+def test_onnx_graph_has_dynamic_axes(artifacts: Path) -> None:
+    graph = onnx.load(str(artifacts / "decoder.onnx"), load_external_data=False).graph
+    names = [value.name for value in graph.input]
+    assert names == ["tokens", "positions", "attention_mask", "last_index", "past_keys", "past_values"]
+    tokens_dims = graph.input[0].type.tensor_type.shape.dim
+    assert all(dim.dim_param for dim in tokens_dims)  # batch and new-token axes are symbolic
+    assert [value.name for value in graph.output] == ["logits", "new_keys", "new_values"]
+
+
+def test_onnxruntime_engine_matches_torch_engine(artifacts: Path) -> None:
+    engines = [load_decoder(artifacts, backend=backend, max_slots=4) for backend in ("torch", "onnxruntime")]
+    schedule = [
+        [StepRequest("a", [1, 2, 3, 4, 5], True, False), StepRequest("b", [7], True, False)],
+        [StepRequest("a", [6], False, False), StepRequest("b", [8, 9, 10], False, False), StepRequest("c", [3, 3], True, False)],
+        [StepRequest("a", [11], False, True), StepRequest("b", [12], False, False), StepRequest("c", [13], False, False)],
+        [StepRequest("b", [14], False, True), StepRequest("d", list(range(40)), True, True)],
+    ]
+    for requests in schedule:
+        torch_result, ort_result = (engine.step(requests) for engine in engines)
+        assert torch_result.errors == ort_result.errors == [None] * len(requests)
+        torch.testing.assert_close(ort_result.logits, torch_result.logits, atol=1e-4, rtol=0)
+    assert engines[0].pool.in_use == engines[1].pool.in_use == 1  # only c is still running
+
+
+def test_default_backend_is_onnxruntime(artifacts: Path) -> None:
+    assert load_decoder(artifacts).backend == "onnxruntime"
+
+
+def test_missing_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
+    options = BuildOptions(vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, onnx=False, tokenizer_corpus_files=5)
+    build_artifacts(options, tmp_path)
+    with pytest.raises(FileNotFoundError, match="decoder.onnx is missing"):
+        load_decoder(tmp_path, backend="onnxruntime")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        load_decoder(tmp_path, backend="tensorrt")
