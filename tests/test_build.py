@@ -98,3 +98,18 @@ def test_build_engines_script_help() -> None:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "build_engines.py"), "--help"],
                             capture_output=True, text=True, check=True)
     assert "--hf-checkpoint" in result.stdout and "--no-onnx" in result.stdout
+
+
+def test_changed_checkpoint_triggers_a_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerocheck.build import BuildOptions, build_artifacts
+
+    run_build(tmp_path / "first")
+    checkpoint = tmp_path / "first" / "hf_model"  # any HF directory serves as a checkpoint
+    options = BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=16, onnx=False)
+    build_artifacts(options, tmp_path / "second")
+    capsys.readouterr()
+    build_artifacts(options, tmp_path / "second")
+    assert "artifacts up to date" in capsys.readouterr().out
+    (checkpoint / "generation_config.json").write_text('{"do_sample": false}\n')
+    build_artifacts(options, tmp_path / "second")
+    assert "up to date" not in capsys.readouterr().out

@@ -58,5 +58,21 @@ def test_window_stays_small_on_long_text(tokenizer: TextTokenizer) -> None:
     out = []
     for token in ids:
         out.append(detokenizer.push([token]))
-        assert len(detokenizer._ids) - detokenizer._prefix_offset <= 8  # O(window), not O(text)
+        prefix_offset, _ = detokenizer.offsets
+        assert len(out) - prefix_offset <= 8  # the decoded window is O(1) tokens, not O(text)
     assert "".join(out) + detokenizer.flush() == "word " * 2000
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_resume_from_offsets_matches_streaming(tokenizer: TextTokenizer, text: str) -> None:
+    """A stateless caller (Triton postprocessing) keeps only ids and offsets between calls."""
+    ids = tokenizer.encode(text)
+    pieces, offsets = [], (0, 0)
+    for end in range(1, len(ids) + 1):
+        detokenizer = IncrementalDetokenizer.resume(tokenizer, ids[:end], *offsets)
+        pieces.append(detokenizer.push([]))
+        offsets = detokenizer.offsets
+    pieces.append(IncrementalDetokenizer.resume(tokenizer, ids, *offsets).flush())
+    assert "".join(pieces) == text
+    with pytest.raises(ValueError, match="prefix_offset <= read_offset"):
+        IncrementalDetokenizer.resume(tokenizer, ids, 2, 1)

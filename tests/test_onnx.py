@@ -63,3 +63,27 @@ def test_missing_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
         load_decoder(tmp_path, backend="onnxruntime")
     with pytest.raises(ValueError, match="backend must be one of"):
         load_decoder(tmp_path, backend="tensorrt")
+
+
+def test_qwen2_checkpoint_exports_with_biases_and_tied_embeddings(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from zerocheck.tokenizer import stdlib_corpus_files, train_bpe_tokenizer
+
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "qwen2")
+    train_bpe_tokenizer(tmp_path / "qwen2", vocab_size=512, files=stdlib_corpus_files(10))
+    manifest = build_artifacts(BuildOptions(hf_checkpoint=str(tmp_path / "qwen2"), max_seq_len=32), tmp_path / "out")
+    assert manifest["onnx"]["max_abs_diff"] < 1e-4
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    with torch.no_grad():
+        expected = model.eval()(torch.tensor([ids])).logits[0, -1]
+    result = load_decoder(tmp_path / "out", backend="onnxruntime").step([StepRequest("q", ids, True, True)])
+    torch.testing.assert_close(result.logits[0], expected, atol=1e-4, rtol=0)

@@ -15,6 +15,8 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import zerocheck
+
 from zerocheck.serve import TritonServer, TritonServerError, cli
 from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, port_is_free
 from zerocheck.serve.shm import SHM_DIR
@@ -52,7 +54,7 @@ def test_ready_and_infer_over_http_and_grpc(echo_server: TritonServer) -> None:
 def test_models_run_in_this_venv_with_the_given_environment(echo_server: TritonServer) -> None:
     seen = json.loads(grpc_echo(echo_server, b"x").as_numpy("environment")[0])
     assert seen["ZEROCHECK_ARTIFACTS"] == FAKE_ARTIFACTS
-    assert Path(seen["zerocheck"]).resolve() == Path(cli.zerocheck.__file__).resolve()
+    assert Path(seen["zerocheck"]).resolve() == Path(zerocheck.__file__).resolve()
 
 
 def test_grpc_zerocheck_headers_arrive_as_parameters(echo_server: TritonServer) -> None:

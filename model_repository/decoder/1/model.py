@@ -30,7 +30,7 @@ class TritonPythonModel:
         config = ModelConfig(args)
         self.engine = load_decoder(config.artifacts_dir(), backend=config.get("backend", "torch"),
                                    max_slots=config.get_int("max_slots", 16),
-                                   max_seq_len=config.get_int("max_seq_len", 1024),
+                                   max_seq_len=config.get_int("max_seq_len", 0) or None,
                                    idle_timeout_s=config.get_float("idle_timeout_s", 60.0),
                                    num_threads=config.get_int("num_threads", 0) or None)
         self.delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0

@@ -4,6 +4,7 @@ Each request runs on its own thread; every decode step is one BLS call to `zero_
 `checked_step`, where Triton's dynamic batcher batches the steps of concurrent sequences.
 """
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,7 +15,7 @@ from zerocheck.generate.service import GenerateService
 from zerocheck.generate.step_inputs import STEP_MODELS, step_arrays, step_outputs
 from zerocheck.serving.inputs import GENERATE_INPUTS, InvalidRequest, Limits, Overloaded
 from zerocheck.serving.metrics import GenerateMetrics
-from zerocheck.serving.triton import ModelConfig, error_for, request_arrays, request_parameters, tensors
+from zerocheck.serving.triton import ModelConfig, built_max_seq_len, error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
 INPUT_NAMES = [spec.name for spec in GENERATE_INPUTS]
@@ -72,15 +73,16 @@ class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig(args)
         tokenizer = load_tokenizer(config.artifacts_dir())
-        limits = Limits(max_prompt_tokens=config.get_int("max_prompt_tokens", 768),
-                        max_output_tokens=config.get_int("max_output_tokens", 256),
-                        max_context=config.get_int("max_context", 1024))
+        context = min(config.get_int("max_context", 1024), built_max_seq_len(config.artifacts_dir()))
+        limits = Limits(max_prompt_tokens=min(config.get_int("max_prompt_tokens", 768), context - 1),
+                        max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
         max_active, max_queue = config.get_int("max_concurrent_sequences", 16), config.get_int("max_queue_size", 16)
         loop = GenerationLoop(tokenizer, bls_step, bls_release, limits.max_context)
         self.service = GenerateService(tokenizer, loop, limits, max_active, max_queue,
                                        config.get_float("queue_timeout_s", 30.0))
         self.pool = ThreadPoolExecutor(max_workers=max_active + max_queue + 2, thread_name_prefix="generate")
         self.metrics = GenerateMetrics(pb_utils)
+        self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
 
     def execute(self, requests):
         for request in requests:
@@ -97,6 +99,8 @@ class TritonPythonModel:
 
     def serve(self, request, sender, prepared) -> None:
         held = LastHeld(sender)
+        if self.test_delay_s and prepared.request.retry_reason is None:
+            time.sleep(self.test_delay_s)  # test-only: a slow first attempt, so a hedge or retry wins
         try:
             with self.service.admission(prepared.request.num_return_sequences):
                 self.metrics.active.set(self.service.active)

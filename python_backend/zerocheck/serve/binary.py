@@ -78,6 +78,7 @@ def prepare_backend_dir(binary: Path) -> Path | None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging.chmod(0o755)
     try:
         shutil.copytree(source, staging / "python", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(stub, staging / "python" / STUB_NAME)

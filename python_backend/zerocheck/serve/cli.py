@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import zerocheck
 from zerocheck.serve.binary import TritonServerNotFound
-from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, TritonServer, TritonServerError
+from zerocheck.serve.demo import DemoError, stream_generation
+from zerocheck.serve.server import (API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServer,
+                                    TritonServerError)
 
 REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]
 DEMO_PROMPT = "def fib(n):"
@@ -25,14 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path, default=None,
                         help="default: $ZEROCHECK_MODEL_REPOSITORY or <repo>/model_repository")
     parser.add_argument("--artifacts", type=Path, default=None,
-                        help="artifacts the models load; default: $ZEROCHECK_ARTIFACTS or artifacts/ beside the repository")
+                        help="artifacts the models load (default: $ZEROCHECK_ARTIFACTS or artifacts/ beside "
+                             "the repository)")
     parser.add_argument("--http-port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port")
     parser.add_argument("--metrics-port", type=int, default=8002, help="0 picks a free port")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--tritonserver", default=None, help="tritonserver binary (default: nvidia-pytriton's)")
     parser.add_argument("--api-key", default=None,
-                        help=f"require header '{API_KEY_HEADER}: KEY' for model-repository, shared-memory, trace, logging")
+                        help=f"require header '{API_KEY_HEADER}: KEY' for the {', '.join(RESTRICTED_APIS)} APIs")
     parser.add_argument("--log-file", type=Path, default=None, help="server log (default: a temp file)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     parser.add_argument("--demo", action="store_true", help="stream one generation from `generate`, then exit")
@@ -47,28 +51,33 @@ def ensure_artifacts(artifacts: Path, build: bool) -> bool:
         print(f"warning: no artifacts in {artifacts} (--no-build); models needing them will fail", file=sys.stderr)
         return True
     try:
-        from zerocheck.build import BuildOptions, build_artifacts
+        from zerocheck.build import BuildError, BuildOptions, build_artifacts
     except ImportError as error:
         print(f"no artifacts in {artifacts} and zerocheck.build is unavailable ({error}):\n"
               f"  run `python build_engines.py` first (or pass --artifacts DIR)", file=sys.stderr)
         return False
     print(f"building artifacts into {artifacts} ...", flush=True)
-    build_artifacts(BuildOptions(), artifacts)
+    try:
+        build_artifacts(BuildOptions(), artifacts)
+    except BuildError as error:
+        print(f"building artifacts failed: {error}\n  run `python build_engines.py` to see why", file=sys.stderr)
+        return False
     return True
 
 
 def print_endpoints(server: TritonServer, api_key: str | None) -> None:
+    """The addresses, the log path and a curl line to try."""
     print(f"tritonserver ready (pid {server.pid}), log: {server.log_path}")
-    print(f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n  metrics  http://{server.metrics_url}/metrics")
+    print(f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n"
+          f"  metrics  http://{server.metrics_url}/metrics")
     if api_key:
         print(f"  restricted APIs need header '{API_KEY_HEADER}: <key>' (gRPC metadata '{GRPC_API_KEY_HEADER}')")
-    print(f"try:\n  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate "
-          """-d '{"text_input": "def fib(n):", "max_tokens": 32}'""", flush=True)
+    body = json.dumps({"text_input": DEMO_PROMPT, "max_tokens": 32})
+    print(f"try:\n  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{body}'", flush=True)
 
 
 def run_demo(server: TritonServer) -> None:
-    from zerocheck.serve.demo import stream_generation
-
+    """Print DEMO_PROMPT, then each streamed piece of its continuation as it arrives."""
     print(DEMO_PROMPT, end="", flush=True)
     for piece in stream_generation(server.grpc_url, DEMO_PROMPT, max_tokens=32):
         print(piece, end="", flush=True)
@@ -90,7 +99,8 @@ def interrupt(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     repository = (args.model_repository or default_model_repository()).resolve()
-    artifacts = (args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts")).resolve()
+    artifacts = (args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts"))
+    artifacts = artifacts.resolve()
     if not repository.is_dir():
         print(f"no model repository at {repository}", file=sys.stderr)
         return 2
@@ -115,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             run_demo(server)
             return 0
         return serve_until_stopped(server)
-    except TritonServerError as error:
+    except (TritonServerError, DemoError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

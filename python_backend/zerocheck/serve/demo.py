@@ -7,9 +7,14 @@ from collections.abc import Iterator
 import numpy as np
 
 
+class DemoError(RuntimeError):
+    """The `generate` stream answered an error or fell silent."""
+
+
 def stream_generation(grpc_url: str, prompt: str, max_tokens: int, model: str = "generate",
                       timeout: float = 120.0) -> Iterator[str]:
-    """Yield each `text_output` piece of one streamed request (`text_input`, `max_tokens`, `stream` as [1, 1])."""
+    """Yield each `text_output` piece of one streamed request (`text_input`, `max_tokens`, `stream` as [1, 1]);
+    raises DemoError on an error response or after `timeout` s without one."""
     import tritonclient.grpc as grpcclient
 
     inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
@@ -24,9 +29,12 @@ def stream_generation(grpc_url: str, prompt: str, max_tokens: int, model: str = 
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
-            result, error = responses.get(timeout=timeout)
+            try:
+                result, error = responses.get(timeout=timeout)
+            except queue.Empty:
+                raise DemoError(f"{model}: no response for {timeout:.0f} s") from None
             if error is not None:
-                raise RuntimeError(f"{model}: {error}")
+                raise DemoError(f"{model}: {error}")
             output = result.as_numpy("text_output")
             if output is not None:
                 yield "".join(piece.decode(errors="replace") for piece in output.reshape(-1))

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import NoReturn
 from pathlib import Path
 
 import psutil
@@ -190,43 +191,46 @@ class TritonServer:
         """True while the tritonserver process runs."""
         return self._process is not None and self._process.poll() is None
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 300.0) -> None:
         """Block until HTTP, gRPC and metrics are bound by this process and every model is READY.
 
-        Raises TritonServerError (with the log tail) as soon as the process exits or a model is
+        Raises TritonServerError (with the log's errors and tail) as soon as the process exits or a model is
         UNAVAILABLE, or after `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
             if not self.is_alive():
                 self._fail(f"tritonserver exited with code {self._process.returncode if self._process else None}")
-            unavailable = self._poll_ready()
-            if unavailable is True:
-                self._shm_regions |= live_stub_regions(self.pid)
-                return
-            if unavailable:
-                self._fail(f"model(s) UNAVAILABLE: {unavailable}")
+            if self._all_bound():
+                if unavailable := self.unavailable_models():
+                    self._fail(f"model(s) UNAVAILABLE: {unavailable}")
+                if self._health_ready():
+                    self._shm_regions |= live_stub_regions(self.pid)
+                    return
             if time.monotonic() > deadline:
                 self._fail(f"not ready after {timeout:.0f} s")
             time.sleep(0.2)
 
-    def _poll_ready(self) -> bool | dict[str, str]:
-        """True when all is ready; else {model: reason} of UNAVAILABLE models (empty: keep waiting)."""
+    def _all_bound(self) -> bool:
+        """True once the log says this process listens on all three ports (a port taken by another process
+        would answer health checks but never print this)."""
         if not self._bound:
             log = self.log_path.read_text(errors="replace")
-            self._bound = all(line.format(f"{self.host}:{self.ports[name]}") in log for name, line in STARTED_LINE.items())
-            if not self._bound:
-                return {}
+            self._bound = all(line.format(f"{self.host}:{port}") in log for line, port in
+                              ((STARTED_LINE[name], port) for name, port in self.ports.items()))
+        return self._bound
+
+    def _health_ready(self) -> bool:
+        """`GET /v2/health/ready` is 200: with --strict-readiness, also every model is READY."""
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
-                server_ready = reply.status == 200
+                return reply.status == 200
         except (urllib.error.URLError, OSError):
-            server_ready = False
-        models = self.repository_index()
-        unavailable = {m["name"]: m.get("reason", "") for m in models if m.get("state") == "UNAVAILABLE"}
-        if unavailable:
-            return unavailable
-        return server_ready and all(m.get("state") == "READY" for m in models)
+            return False
+
+    def unavailable_models(self) -> dict[str, str]:
+        """{model: reason} for each model the repository index reports UNAVAILABLE."""
+        return {m["name"]: m.get("reason", "") for m in self.repository_index() if m.get("state") == "UNAVAILABLE"}
 
     def repository_index(self) -> list[dict[str, str]]:
         """`POST /v2/repository/index`: [{name, version, state, reason}] for every model ([] when unreachable)."""
@@ -240,7 +244,7 @@ class TritonServer:
         except (urllib.error.URLError, OSError, ValueError):
             return []
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> NoReturn:
         errors = "\n".join(self.log_errors())
         raise TritonServerError(f"{reason}; log {self.log_path}\nerrors:\n{errors}\nlast lines:\n{self.log_tail(20)}")
 

@@ -57,6 +57,12 @@ class ModelConfig:
         return "cuda" if wanted in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
 
 
+def built_max_seq_len(artifacts_dir: Path) -> int:
+    """The decoder's maximum sequence length recorded by build_engines.py (its KV-cache length)."""
+    manifest = json.loads((artifacts_dir / "manifest.json").read_text())
+    return int(manifest.get("options", {}).get("max_seq_len") or manifest.get("max_seq_len"))
+
+
 def request_arrays(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[str, np.ndarray]:
     """Inputs present in `request`, by name, as numpy arrays (batch dimension included)."""
     arrays = {}

@@ -38,6 +38,22 @@ class IncrementalDetokenizer:
         """(prefix_offset, read_offset): what `resume` needs to continue."""
         return self._prefix_offset, self._read_offset
 
+    @classmethod
+    def resume(cls, tokenizer: TextTokenizer, ids: Sequence[int], prefix_offset: int, read_offset: int) -> IncrementalDetokenizer:
+        """Rebuild the state a stateless caller kept as (ids, offsets); needs 0 <= prefix <= read <= len(ids)."""
+        if not 0 <= prefix_offset <= read_offset <= len(ids):
+            raise ValueError(f"offsets must satisfy 0 <= prefix_offset <= read_offset <= {len(ids)}, "
+                             f"got {prefix_offset}, {read_offset}")
+        detokenizer = cls(tokenizer)
+        detokenizer._ids = list(ids)
+        detokenizer._prefix_offset, detokenizer._read_offset = prefix_offset, read_offset
+        return detokenizer
+
+    @property
+    def offsets(self) -> tuple[int, int]:
+        """(prefix_offset, read_offset): with the ids, everything `resume` needs."""
+        return self._prefix_offset, self._read_offset
+
     def push(self, new_ids: Sequence[int]) -> str:
         """Append `new_ids`; return the text that became final (may be empty)."""
         self._ids.extend(new_ids)

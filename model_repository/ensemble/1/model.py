@@ -1,9 +1,0 @@
-"""`ensemble`: the `generate` model under the name tensorrtllm_backend clients call."""
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location(
-    "zerocheck_generate_model", pathlib.Path(__file__).resolve().parents[2] / "generate" / "1" / "model.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-TritonPythonModel = _module.TritonPythonModel

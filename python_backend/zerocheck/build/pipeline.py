@@ -1,0 +1,200 @@
+"""`build_artifacts`: tokenizer -> Hugging Face model -> ONNX step (+ TensorRT) -> manifest.json.
+
+Layout of the output directory:
+  hf_model/   config.json, model.safetensors, tokenizer.json, tokenizer_config.json, ...
+  decoder.onnx                (with --onnx)
+  decoder.plan, tensorrt_llm/ (with --tensorrt / --tensorrt-llm, GPU only)
+  manifest.json               written last; its presence means a complete build
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import sysconfig
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import zerocheck
+from zerocheck.build.manifest import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    file_checksums,
+    is_up_to_date,
+    read_manifest,
+    write_manifest,
+)
+from zerocheck.build.options import BuildOptions
+from zerocheck.build.tensorrt_engines import (
+    TENSORRT_LLM_DIR,
+    TENSORRT_PLAN,
+    BuildError,
+    build_tensorrt_engine,
+    build_tensorrt_llm_engine,
+    require_gpu_package,
+)
+from zerocheck.decoder.config import DecoderConfig
+from zerocheck.decoder.engine import ONNX_FILE
+from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff
+from zerocheck.decoder.weights import load_transformer
+from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR, load_tokenizer
+from zerocheck.tokenizer.training import TrainedTokenizer, copy_hf_tokenizer, stdlib_corpus_files, train_bpe_tokenizer
+
+ONNX_TOLERANCE = 1e-3
+CHECKPOINT_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+class _Progress:
+    """Numbered progress lines with the elapsed time of each step."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.started = total, 0, time.perf_counter()
+
+    def step(self, message: str) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.total}] {message} ...", flush=True)
+        self.started = time.perf_counter()
+
+    def finished(self, detail: str = "") -> None:
+        print(f"      done in {time.perf_counter() - self.started:.1f} s{': ' + detail if detail else ''}", flush=True)
+
+
+def _build_tokenizer(options: BuildOptions, model_dir: Path) -> TrainedTokenizer:
+    if options.hf_checkpoint:
+        return copy_hf_tokenizer(Path(options.hf_checkpoint), model_dir)
+    return train_bpe_tokenizer(model_dir, options.vocab_size, stdlib_corpus_files(options.tokenizer_corpus_files))
+
+
+def _build_model(options: BuildOptions, model_dir: Path) -> str:
+    """Save the seeded tiny Llama (or copy the checkpoint's weights) into `model_dir`; returns its source."""
+    if options.hf_checkpoint:
+        checkpoint = Path(options.hf_checkpoint)
+        for pattern in CHECKPOINT_FILE_PATTERNS:
+            for path in sorted(checkpoint.glob(pattern)):
+                shutil.copyfile(path, model_dir / path.name)
+        return f"Hugging Face checkpoint {checkpoint.resolve()}"
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = load_tokenizer(model_dir)
+    config = LlamaConfig(
+        vocab_size=options.vocab_size,
+        hidden_size=options.hidden,
+        intermediate_size=options.intermediate_size,
+        num_hidden_layers=options.layers,
+        num_attention_heads=options.heads,
+        num_key_value_heads=options.kv_heads,
+        max_position_embeddings=options.max_seq_len,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(options.seed)
+    LlamaForCausalLM(config).save_pretrained(model_dir, safe_serialization=True)
+    return f"seeded tiny transformers.LlamaConfig model (seed {options.seed})"
+
+
+def source_fingerprint(options: BuildOptions) -> dict:
+    """Cheap identity of the inputs: checkpoint file sizes and mtimes, or the Python whose stdlib trains the tokenizer."""
+    if options.hf_checkpoint:
+        checkpoint = Path(options.hf_checkpoint)
+        return {path.name: [path.stat().st_size, path.stat().st_mtime_ns]
+                for path in sorted(checkpoint.iterdir()) if path.is_file()}
+    return {"python": sys.version.split()[0], "stdlib": sysconfig.get_paths()["stdlib"]}
+
+
+def _check_gpu_requirements(options: BuildOptions) -> None:
+    if options.tensorrt:
+        require_gpu_package("tensorrt", "--tensorrt")
+        if not options.onnx:
+            raise BuildError("--tensorrt builds from the ONNX export: drop --no-onnx")
+    if options.tensorrt_llm:
+        require_gpu_package("tensorrt_llm", "--tensorrt-llm")
+
+
+def _remove_previous_build(out_dir: Path) -> None:
+    """Delete only what a build writes, so `--out` pointing at a busy directory loses nothing else."""
+    for name in (MANIFEST_FILE, MODEL_SUBDIR, ONNX_FILE, TENSORRT_PLAN, TENSORRT_LLM_DIR):
+        path = out_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -> dict:
+    """Build everything into `out_dir` unless it is already up to date; returns the manifest."""
+    out_dir = Path(out_dir)
+    recorded, fingerprint = options.as_dict(), source_fingerprint(options)
+    if not force and is_up_to_date(out_dir, recorded, fingerprint):
+        print(f"artifacts up to date in {out_dir} (use --force to rebuild)")
+        return read_manifest(out_dir) or {}
+    _check_gpu_requirements(options)
+    began = time.perf_counter()
+    _remove_previous_build(out_dir)
+    model_dir = out_dir / MODEL_SUBDIR
+    model_dir.mkdir(parents=True)
+    progress = _Progress(3 + options.onnx + options.tensorrt + options.tensorrt_llm)
+
+    progress.step("tokenizer: " + ("copy from checkpoint" if options.hf_checkpoint else "train byte-level BPE on the standard library"))
+    trained = _build_tokenizer(options, model_dir)
+    progress.finished(f"{trained.vocab_size} tokens ({trained.reserved_tokens} reserved padding)")
+
+    progress.step("model: " + ("copy checkpoint weights" if options.hf_checkpoint else "seeded tiny Llama, save_pretrained"))
+    model_source = _build_model(options, model_dir)
+    config = DecoderConfig.from_pretrained(model_dir)
+    progress.finished(model_source)
+
+    progress.step("decoder: load weights by name into zerocheck.decoder.Transformer")
+    model = load_transformer(model_dir)
+    parameters = sum(p.numel() for p in model.parameters())
+    progress.finished(f"{parameters / 1e6:.1f} M parameters")
+
+    onnx_report = None
+    if options.onnx:
+        progress.step(f"onnx: export the decoder step to {ONNX_FILE} and check it with onnxruntime")
+        export_onnx(model, out_dir / ONNX_FILE)
+        diff = onnx_max_abs_diff(model, out_dir / ONNX_FILE)
+        if diff > ONNX_TOLERANCE:
+            raise BuildError(f"onnxruntime differs from torch by {diff:.3g} > {ONNX_TOLERANCE:g}")
+        onnx_report = {"file": ONNX_FILE, "max_abs_diff": diff, "tolerance": ONNX_TOLERANCE}
+        progress.finished(f"max abs diff {diff:.3g}")
+    if options.tensorrt:
+        progress.step("tensorrt: build decoder.plan from the ONNX step")
+        build_tensorrt_engine(out_dir / ONNX_FILE, config, options.max_seq_len, out_dir)
+        progress.finished()
+    if options.tensorrt_llm:
+        progress.step("tensorrt-llm: build an engine from the Hugging Face model")
+        build_tensorrt_llm_engine(model_dir, options.max_seq_len, out_dir)
+        progress.finished()
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.perf_counter() - began, 1),
+        "zerocheck_version": getattr(zerocheck, "__version__", "unknown"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "options": recorded,
+        "source_fingerprint": fingerprint,
+        "model": {"source": model_source, "parameters": parameters, **asdict(config)},
+        "tokenizer": {
+            "source": trained.source,
+            "vocab_size": trained.vocab_size,
+            "learned_tokens": trained.learned_tokens,
+            "reserved_tokens": trained.reserved_tokens,
+            "reserved_note": "vocab padded with reserved special tokens <|reserved_N|>" if trained.reserved_tokens else None,
+            "corpus_files": trained.corpus_files,
+            "corpus_sha256": trained.corpus_sha256,
+        },
+        "vocab_size": config.vocab_size,
+        "dtype": "float32",
+        "onnx": onnx_report,
+        "files": file_checksums(out_dir),
+    }
+    write_manifest(out_dir, manifest)
+    print(f"built {len(manifest['files'])} files into {out_dir} in {manifest['build_seconds']} s; see {MANIFEST_FILE}")
+    return manifest

@@ -1,0 +1,88 @@
+"""Raw tritonclient / HTTP calls to the `generate` model for the server tests (no zerocheck.clients,
+so the tests pin the wire contract itself)."""
+from __future__ import annotations
+
+import json
+import queue
+import time
+from typing import Any
+
+import numpy as np
+import requests
+import tritonclient.grpc as grpcclient
+
+from zerocheck.serving.inputs import INPUTS_BY_NAME
+
+_NUMPY = {"TYPE_STRING": object, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_BOOL": bool,
+          "TYPE_UINT64": np.uint64, "TYPE_FP16": np.float16}
+
+
+def grpc_inputs(fields: dict[str, Any]) -> list[grpcclient.InferInput]:
+    """tensorrtllm_backend-style inputs: every value as a [1, 1] (or [1, N] for lists) tensor."""
+    inputs = []
+    for name, value in fields.items():
+        spec = INPUTS_BY_NAME[name]
+        values = value if isinstance(value, list) else [value]
+        if spec.dtype == "TYPE_STRING":
+            values = [v.encode() if isinstance(v, str) else v for v in values]
+        array = np.array([values], dtype=_NUMPY[spec.dtype])
+        tensor = grpcclient.InferInput(name, list(array.shape), spec.dtype.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def decode_result(result: grpcclient.InferResult) -> dict[str, Any]:
+    out = {}
+    for output in result.get_response().outputs:
+        array = result.as_numpy(output.name)
+        if array is None:
+            continue
+        flat = array.reshape(-1).tolist()
+        flat = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in flat]
+        out[output.name] = flat[0] if output.name not in ("output_ids", "output_log_probs") else flat
+    return out
+
+
+def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] | None = None,
+                  headers: dict[str, str] | None = None, model: str = "ensemble", timeout: float = 120.0,
+                  cancel_after: int | None = None) -> list[dict[str, Any]]:
+    """Stream one request; returns decoded responses (with `t` = seconds since sending) in arrival
+    order. Raises the server's error. With cancel_after, cancels after that many responses."""
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error, time.perf_counter())),
+                        headers=headers)
+    start = time.perf_counter()
+    client.async_stream_infer(model, grpc_inputs(fields), parameters=parameters or {},
+                              enable_empty_final_response=True)
+    out: list[dict[str, Any]] = []
+    try:
+        while True:
+            result, error, at = responses.get(timeout=timeout)
+            if error is not None:
+                raise error
+            response = result.get_response()
+            if response.outputs:
+                out.append({**decode_result(result), "t": at - start})
+            if response.parameters.get("triton_final_response") and response.parameters["triton_final_response"].bool_param:
+                return out
+            if cancel_after is not None and len(out) >= cancel_after:
+                return out
+    finally:
+        client.stop_stream(cancel_requests=cancel_after is not None)
+        client.close()
+
+
+def http_generate(url: str, body: dict[str, Any], stream: bool = False, model: str = "ensemble",
+                  timeout: float = 120.0) -> requests.Response | list[dict[str, Any]]:
+    """POST generate (the Response) or generate_stream (the decoded SSE events)."""
+    endpoint = "generate_stream" if stream else "generate"
+    response = requests.post(f"http://{url}/v2/models/{model}/{endpoint}", json=body, stream=stream, timeout=timeout)
+    if not stream:
+        return response
+    events = []
+    for line in response.iter_lines():
+        if line.startswith(b"data: "):
+            events.append(json.loads(line[6:]))
+    return events

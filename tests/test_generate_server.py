@@ -1,0 +1,188 @@
+"""End-to-end tests of the model repository on a real tritonserver (session fixture `triton_server`)."""
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+import conftest
+from generate_calls import grpc_generate, http_generate
+from zerocheck.tokenizer import load_tokenizer
+
+EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
+                   "multinomial", "checked_sampler", "postprocessing", "zero_check_step", "checked_step",
+                   "generate", "ensemble"}
+PROMPT = "def fibonacci(n):"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(conftest.test_artifacts_dir())
+
+
+def final(responses):
+    assert responses, "no response"
+    assert responses[-1]["finish_reason"], "the last response must carry finish_reason"
+    return responses[-1]
+
+
+def stream_text(responses):
+    return "".join(r["text_output"] for r in responses)
+
+
+def stream_ids(responses):
+    return [i for r in responses for i in r.get("output_ids", [])]
+
+
+def greedy_ids(server, max_tokens=12, **fields):
+    responses = grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
+                                                "stream": True, **fields})
+    return stream_ids(responses), final(responses)
+
+
+def single_token_words(tokenizer, ids):
+    """Generated ids whose text encodes back to exactly that one id (usable as a 1-token word)."""
+    return [(i, tokenizer.decode([i])) for i in dict.fromkeys(ids)
+            if tokenizer.decode([i]).strip() and tokenizer.encode(tokenizer.decode([i])) == [i]]
+
+
+def slots_in_use(server) -> float:
+    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=10).text
+    match = re.search(r'^zerocheck_kv_slots_in_use\{model="decoder"\} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else -1.0
+
+
+def test_every_model_is_ready(triton_server):
+    index = triton_server.repository_index()
+    states = {m["name"]: m.get("state") for m in index}
+    assert EXPECTED_MODELS <= set(states), f"missing models: {EXPECTED_MODELS - set(states)}"
+    assert all(states[name] == "READY" for name in EXPECTED_MODELS), states
+
+
+def test_grpc_stream_is_incremental_with_final_fields(triton_server):
+    responses = grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "stream": True,
+                                                       "temperature": 0.8, "seed": 7})
+    last = final(responses)
+    assert len(responses) >= 12  # one response per token, then the final one
+    assert [r["t"] for r in responses] == sorted(r["t"] for r in responses)
+    assert responses[-1]["t"] - responses[0]["t"] > 0  # tokens arrived over time, not in one burst
+    assert last["finish_reason"] == "length"
+    assert last["completion_tokens"] == 12 and last["prompt_tokens"] > 0
+    assert last["sampler"] == "zero_check" and last["zerocheck_bypass"] is True
+
+
+def test_http_generate_stream_is_incremental_with_final_fields(triton_server):
+    events = http_generate(triton_server.http_url, {"text_input": PROMPT, "max_tokens": 10, "stream": True,
+                                                    "temperature": 0.8, "seed": 7}, stream=True)
+    assert len(events) >= 10 and not any("error" in e for e in events)
+    last = events[-1]
+    assert last["finish_reason"] == "length" and last["completion_tokens"] == 10
+    assert last["zerocheck_bypass"] is True and last["sampler"] == "zero_check"
+
+
+def test_http_generate_answers_once_with_the_fields(triton_server):
+    response = http_generate(triton_server.http_url, {"text_input": PROMPT, "max_tokens": 6, "temperature": 0.0})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["text_output"].startswith(PROMPT)  # exclude_input_in_output defaults to false
+    for field in ("zerocheck_bypass", "sampler", "prompt_tokens", "completion_tokens", "finish_reason"):
+        assert field in body
+
+
+def test_greedy_is_identical_on_both_paths_and_reproducible(triton_server):
+    zero = [greedy_ids(triton_server, random_seed=11)[0] for _ in range(2)]
+    checked = [greedy_ids(triton_server, random_seed=11, )[0] for _ in range(1)]
+    responses = grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "temperature": 0.0,
+                                                       "stream": True, "random_seed": 11},
+                              parameters={"zerocheck": "off"})
+    assert final(responses)["sampler"] == "checked" and final(responses)["zerocheck_bypass"] is False
+    assert zero[0] == zero[1] == checked[0] == stream_ids(responses)
+
+
+def test_seeded_sampling_is_reproducible_on_each_path(triton_server):
+    for switch in ("on", "off"):
+        runs = [stream_ids(grpc_generate(triton_server.grpc_url,
+                                         {"text_input": PROMPT, "max_tokens": 10, "stream": True, "temperature": 1.0,
+                                          "top_k": 20, "top_p": 0.9, "random_seed": 1234},
+                                         parameters={"zerocheck": switch})) for _ in range(2)]
+        assert runs[0] == runs[1], switch
+
+
+def test_header_switches_the_path(triton_server):
+    responses = grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 3, "stream": True},
+                              headers={"zerocheck": "off"})
+    assert final(responses)["sampler"] == "checked"
+
+
+def test_http_json_key_switches_the_path(triton_server):
+    body = http_generate(triton_server.http_url, {"text_input": PROMPT, "max_tokens": 3, "zerocheck": "off"}).json()
+    assert body["sampler"] == "checked" and body["zerocheck_bypass"] is False
+
+
+def test_streamed_text_equals_non_streamed_text(triton_server):
+    fields = {"text_input": PROMPT, "max_tokens": 16, "temperature": 0.9, "seed": 99}
+    streamed = grpc_generate(triton_server.grpc_url, {**fields, "stream": True})
+    whole = grpc_generate(triton_server.grpc_url, {**fields, "stream": False, "exclude_input_in_output": True})
+    assert len(whole) == 1
+    assert stream_text(streamed) == whole[0]["text_output"]
+    assert stream_ids(streamed) == whole[0]["output_ids"]
+
+
+def test_stop_words_and_end_id_stop_generation(triton_server, tokenizer):
+    ids, _ = greedy_ids(triton_server, max_tokens=16)
+    candidates = [(i, word) for i, word in single_token_words(tokenizer, ids) if ids.index(i) >= 1]
+    assert candidates, f"no single-token word in {ids}"
+    token, word = candidates[0]
+    position = ids.index(token)
+    stopped, last = greedy_ids(triton_server, max_tokens=16, stop_words=[word])
+    assert last["finish_reason"] == "stop" and stopped == ids[:position + 1]
+    ended, last = greedy_ids(triton_server, max_tokens=16, end_id=token)
+    assert last["finish_reason"] == "eos" and ended == ids[:position]
+
+
+def test_bad_words_never_appear(triton_server, tokenizer):
+    ids, _ = greedy_ids(triton_server, max_tokens=16)
+    banned = single_token_words(tokenizer, ids)[:3]
+    assert banned
+    for switch in ("on", "off"):
+        responses = grpc_generate(triton_server.grpc_url,
+                                  {"text_input": PROMPT, "max_tokens": 16, "temperature": 0.0, "stream": True,
+                                   "bad_words": [w for _, w in banned]}, parameters={"zerocheck": switch})
+        assert not set(stream_ids(responses)) & {i for i, _ in banned}, switch
+
+
+def test_concurrent_streams_are_batched(triton_server):
+    fields = {"text_input": PROMPT, "max_tokens": 16, "stream": True, "temperature": 0.7}
+    start = time.perf_counter()
+    grpc_generate(triton_server.grpc_url, fields)
+    one = time.perf_counter() - start
+    start = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: grpc_generate(triton_server.grpc_url, {**fields, "seed": i}), range(16)))
+    sixteen = time.perf_counter() - start
+    assert all(final(r)["finish_reason"] == "length" and final(r)["completion_tokens"] == 16 for r in results)
+    assert sixteen < 8 * one, f"16 streams took {sixteen:.2f}s, one took {one:.2f}s"
+    stats = requests.get(f"http://{triton_server.http_url}/v2/models/decoder/stats", timeout=10).json()
+    sizes = [b["batch_size"] for b in stats["model_stats"][0]["batch_stats"]]
+    assert max(sizes) > 1, f"decoder batch sizes seen: {sizes}"
+
+
+def test_cancelled_stream_frees_its_slot(triton_server):
+    grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 200, "stream": True}, cancel_after=2)
+    deadline = time.time() + 15
+    while slots_in_use(triton_server) != 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert slots_in_use(triton_server) == 0
+    assert final(grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 2, "stream": True}))
+
+
+def test_unsupported_combination_degrades_to_checked(triton_server):
+    responses = grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 4, "stream": True,
+                                                       "return_log_probs": True}, parameters={"zerocheck": "on"})
+    last = final(responses)
+    assert last["sampler"] == "checked" and last["zerocheck_bypass"] is False
+    assert len(last["output_log_probs"]) == 0 or all(lp <= 0 for lp in last["output_log_probs"])
+    assert all(lp <= 0 for r in responses for lp in r.get("output_log_probs", []))
