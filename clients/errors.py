@@ -2,9 +2,12 @@
 gRPC status codes, HTTP status codes and the bare messages of in-stream errors."""
 from __future__ import annotations
 
+import re
+
 # the server's overload message starts with this (zerocheck.serving.inputs.Overloaded)
 OVERLOADED_PREFIX = "overloaded"
 INTERNAL_PREFIX = "internal error"
+ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")  # Triton's prefix for an error inside an ensemble step
 
 
 class ZerocheckError(Exception):
@@ -39,9 +42,10 @@ class Cancelled(ZerocheckError):
 def error_from_message(message: str) -> ZerocheckError:
     """An error that arrived inside a stream (gRPC `error_message`, SSE `{"error": ...}`) has no status
     code: the server's contract is INVALID_ARGUMENT unless it says overloaded or internal error."""
-    if message.startswith(OVERLOADED_PREFIX):
+    text = ENSEMBLE_PREFIX.sub("", message)
+    if text.startswith(OVERLOADED_PREFIX):
         return Unavailable(message)
-    if message.startswith(INTERNAL_PREFIX):
+    if text.startswith(INTERNAL_PREFIX):
         return ZerocheckError(message)
     return InvalidRequest(message)
 

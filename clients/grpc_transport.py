@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from zerocheck.clients.endpoint import Endpoint
 from zerocheck.clients.errors import error_from_grpc
@@ -35,8 +35,11 @@ class GrpcAttempt:
         self._sink = sink
         self._client = grpcclient.InferenceServerClient(endpoint.url, channel_args=endpoint.grpc_channel_args())
         self._client.start_stream(self._on_response, stream_timeout=timeout_s, headers=grpc_headers(endpoint, request))
-        self._client.async_stream_infer(endpoint.model, grpc_inputs(request.arrays()), parameters=parameters,
-                                        enable_empty_final_response=True)
+        try:
+            self._client.async_stream_infer(endpoint.model, grpc_inputs(request.arrays()), parameters=parameters,
+                                            enable_empty_final_response=True)
+        except InferenceServerException:
+            pass  # the stream failed already (connection refused): the callback reports that error
 
     def _on_response(self, result: grpcclient.InferResult | None, error: Exception | None) -> None:
         if result is None:

@@ -69,7 +69,7 @@ class HttpAttempt:
         self._cancelled.set()
         response = self._response
         if response is not None:
-            with contextlib.suppress(RuntimeError):  # the reader released it meanwhile
+            with contextlib.suppress(RuntimeError, OSError):  # the reader released or closed it meanwhile
                 response.raw.shutdown()  # interrupts a read blocked on the reader thread
             response.close()
         self._session.close()

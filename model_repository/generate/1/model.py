@@ -1,9 +1,12 @@
 """Decoupled BLS model `generate` (also served as `ensemble`): the generation loop, streaming.
 
-Each request runs on its own thread; every decode step is one BLS call to `zero_check_step` or
-`checked_step`, where Triton's dynamic batcher batches the steps of concurrent sequences.
+Each request runs its generation loop on a worker thread; every decode step is one BLS call to
+`zero_check_step` or `checked_step`, where Triton's dynamic batcher batches the steps of concurrent
+sequences. The Python backend of Triton 2.51 crashes when pb_utils objects (requests, tensors,
+responses) are used from several threads at once, so worker threads touch none: they hand numpy
+arrays to `on_loop`, which builds, sends and reads every pb_utils object on the stub's event loop.
 """
-import threading
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +23,12 @@ from zerocheck.tokenizer import load_tokenizer
 
 INPUT_NAMES = [spec.name for spec in GENERATE_INPUTS]
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def on_loop(coroutine):
+    """Run `coroutine` on the stub's event loop and wait for its result (from a worker thread)."""
+    return asyncio.run_coroutine_threadsafe(coroutine, LOOP).result()
 
 
 def step_error(error) -> Exception:
@@ -31,21 +40,40 @@ def step_error(error) -> Exception:
     return RuntimeError(error.message())
 
 
-def bls_step(call) -> StepOutput:
-    response = pb_utils.InferenceRequest(model_name=STEP_MODELS[call.path], inputs=tensors(pb_utils, step_arrays(call)),
-                                         requested_output_names=step_outputs(call)).exec()
+async def bls(model: str, arrays: dict, outputs: list) -> dict:
+    """One BLS call; returns the requested outputs as numpy copies (raises the step's error)."""
+    response = await pb_utils.InferenceRequest(model_name=model, inputs=tensors(pb_utils, arrays),
+                                               requested_output_names=outputs).async_exec()
     if response.has_error():
         raise step_error(response.error())
-    token = int(pb_utils.get_output_tensor_by_name(response, "output_id").as_numpy().reshape(-1)[0])
-    log_prob = pb_utils.get_output_tensor_by_name(response, "output_log_prob")
-    return StepOutput(token, None if log_prob is None else float(log_prob.as_numpy().reshape(-1)[0]))
+    found = {name: pb_utils.get_output_tensor_by_name(response, name) for name in outputs}
+    return {name: tensor.as_numpy().copy() for name, tensor in found.items() if tensor is not None}
+
+
+def bls_step(call) -> StepOutput:
+    out = on_loop(bls(STEP_MODELS[call.path], step_arrays(call), step_outputs(call)))
+    log_prob = out.get("output_log_prob")
+    return StepOutput(int(out["output_id"].reshape(-1)[0]), None if log_prob is None else float(log_prob.reshape(-1)[0]))
 
 
 def bls_release(seq_id: str) -> None:
     arrays = {"sequence_id": np.array([[seq_id.encode()]], dtype=object), "input_ids": np.zeros((1, 0), np.int32),
               "sequence_start": np.array([[False]]), "sequence_end": np.array([[True]])}
-    pb_utils.InferenceRequest(model_name="decoder", inputs=tensors(pb_utils, arrays),
-                              requested_output_names=["logits"]).exec()
+    on_loop(bls("decoder", arrays, ["logits"]))
+
+
+async def send(sender, arrays=None, error: Exception | None = None, final=False) -> None:
+    flags = FINAL if final else 0
+    if error is not None:
+        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error_for(pb_utils, error)), flags=flags)
+    elif arrays is not None:
+        sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays)), flags=flags)
+    else:
+        sender.send(flags=flags)
+
+
+async def call(function, *args):
+    return function(*args)
 
 
 class LastHeld:
@@ -57,16 +85,11 @@ class LastHeld:
 
     def send(self, arrays) -> None:
         if self.pending is not None:
-            self.sender.send(pb_utils.InferenceResponse(tensors(pb_utils, self.pending)))
+            on_loop(send(self.sender, self.pending))
         self.pending = arrays
 
     def close(self, error=None) -> None:
-        if error is not None:
-            self.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
-        elif self.pending is not None:
-            self.sender.send(pb_utils.InferenceResponse(tensors(pb_utils, self.pending)), flags=FINAL)
-        else:
-            self.sender.send(flags=FINAL)
+        on_loop(send(self.sender, None if error is not None else self.pending, error, final=True))
 
 
 class TritonPythonModel:
@@ -81,10 +104,13 @@ class TritonPythonModel:
         self.service = GenerateService(tokenizer, loop, limits, max_active, max_queue,
                                        config.get_float("queue_timeout_s", 30.0))
         self.pool = ThreadPoolExecutor(max_workers=max_active + max_queue + 2, thread_name_prefix="generate")
+        self.sequence_pool = ThreadPoolExecutor(max_workers=max_active, thread_name_prefix="sequence")
         self.metrics = GenerateMetrics(pb_utils)
         self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
 
-    def execute(self, requests):
+    async def execute(self, requests):
+        global LOOP
+        LOOP = asyncio.get_running_loop()
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -92,50 +118,39 @@ class TritonPythonModel:
                                                 request_parameters(request))
             except Exception as error:
                 self.metrics.error(type(error).__name__)
-                LastHeld(sender).close(error_for(pb_utils, error))
+                await send(sender, error=error, final=True)
                 continue
             self.pool.submit(self.serve, request, sender, prepared)
         return None
 
     def serve(self, request, sender, prepared) -> None:
+        """On a worker thread: run the request to its final response."""
         held = LastHeld(sender)
+        metrics = self.metrics
         if self.test_delay_s and prepared.request.retry_reason is None:
             time.sleep(self.test_delay_s)  # test-only: a slow first attempt, so a hedge or retry wins
         try:
             with self.service.admission(prepared.request.num_return_sequences):
-                self.metrics.active.set(self.service.active)
-                self.metrics.request(prepared.path, prepared.bypass, prepared.degraded)
-                generations = self.service.serve(prepared, held.send, request.is_cancelled, self.run_parallel)
+                on_loop(call(metrics.active.set, self.service.active))
+                on_loop(call(metrics.request, prepared.path, prepared.bypass, prepared.degraded))
+                generations = self.service.serve(prepared, held.send, lambda: on_loop(call(request.is_cancelled)),
+                                                 self.run_parallel)
             for generation in generations:
-                self.metrics.finished(prepared.path, generation)
+                on_loop(call(metrics.finished, prepared.path, generation))
             held.close()
         except Exception as error:  # every request ends with the final flag, never a traceback
-            self.metrics.error(type(error).__name__)
-            held.pending = None
-            held.close(error_for(pb_utils, error))
+            on_loop(call(metrics.error, type(error).__name__))
+            held.close(error)
         finally:
-            self.metrics.active.set(self.service.active)
+            on_loop(call(metrics.active.set, self.service.active))
 
-    @staticmethod
-    def run_parallel(jobs) -> None:
-        if len(jobs) == 1:
-            jobs[0]()
-            return
-        errors = []
-        threads = [threading.Thread(target=lambda j=job: _collect(j, errors)) for job in jobs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+    def run_parallel(self, jobs) -> None:
+        """num_return_sequences > 1: one worker per extra sequence; the first failure is raised."""
+        others = [self.sequence_pool.submit(job) for job in jobs[1:]]
+        jobs[0]()
+        for future in others:
+            future.result()
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _collect(job, errors) -> None:
-    try:
-        job()
-    except Exception as error:
-        errors.append(error)
+        self.sequence_pool.shutdown(wait=False, cancel_futures=True)

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from .batch import SamplingBatch, build_batch, row_steps
-from .params import SamplingParams
+from .params import SamplingParamError, SamplingParams
 from .zero_check import SampleOutput, as_float32
 
 
@@ -43,7 +43,7 @@ def presence_frequency_penalty(x: torch.Tensor, history: Sequence[Sequence[int]]
     """OpenAI penalties with dense [B, V] token counts (vLLM's bin counts). x modified in place."""
     counts = torch.zeros_like(x)
     for b, ids in enumerate(history):
-        if len(ids):
+        if len(ids) and (presence[b] != 0 or frequency[b] != 0):
             counts[b].scatter_add_(0, torch.as_tensor(list(ids), device=x.device),
                                    torch.ones(len(ids), device=x.device))
     x -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0)
@@ -62,22 +62,22 @@ def penalize(x: torch.Tensor, batch: SamplingBatch, params: Sequence[SamplingPar
                                    torch.tensor([p.frequency_penalty for p in params]))
     if batch.banned is not None:
         x[batch.banned] = -math.inf
-        masked = (x.amax(-1) == -math.inf).nonzero().flatten()
-        if len(masked):
-            x[masked] = -math.inf
-            x[masked, raw_top[masked]] = 0.0
+    masked = (x.amax(-1) == -math.inf).nonzero().flatten()
+    if len(masked):
+        x[masked] = -math.inf
+        x[masked, raw_top[masked]] = 0.0
 
 
 def tempered_probs(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Stage 2: softmax(x / T) over V -> [B, V] float32. Greedy rows become one-hot at the argmax
     (first index among ties); rows holding +inf spread their mass evenly over the +inf tokens."""
     probs = torch.softmax(x / batch.temperature.unsqueeze(1), dim=-1)
-    greedy = torch.tensor(batch.greedy, device=x.device)
+    greedy = torch.tensor(batch.greedy, dtype=torch.bool, device=x.device)
     if bool(greedy.any()):
         one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
     posinf = x == math.inf
-    rows = posinf.any(-1)
+    rows = posinf.any(-1) & ~greedy
     if bool(rows.any()):
         even = posinf.float() / posinf.sum(-1, keepdim=True).clamp(min=1)
         probs = torch.where(rows.unsqueeze(1), even, probs)
@@ -138,6 +138,8 @@ class CheckedSampler:
                               step: int | Sequence[int] = 0) -> tuple[SampleOutput, torch.Tensor]:
         """As `sample`, plus the log-probability [B] of each drawn token under the final distribution."""
         x = as_float32(logits)[0].clone()
+        if x.shape[0] != len(params):
+            raise SamplingParamError(f"logits have {x.shape[0]} rows but {len(params)} params were given")
         batch = build_batch(params, x.shape[1], history, step, x.device)
         nan_rows = torch.isnan(x).any(-1)
         x = x.masked_fill(nan_rows.unsqueeze(1), 0.0)

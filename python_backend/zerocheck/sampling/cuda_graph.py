@@ -77,7 +77,9 @@ class CudaGraphSampler:
         self._graphs: dict[int, _Graph] = {}
 
     def _eligible(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> bool:
-        return (logits.device == self.device and logits.dim() == 2 and logits.shape[1] == self.vocab_size
+        same_device = logits.device.type == self.device.type and (
+            self.device.index is None or logits.device.index == self.device.index)
+        return (same_device and logits.dim() == 2 and logits.shape[1] == self.vocab_size
                 and len(params) <= self.buckets[-1]
                 and all(p.is_greedy or 0 < p.top_k <= self.max_top_k for p in params))
 

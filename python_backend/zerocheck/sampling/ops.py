@@ -23,14 +23,18 @@ GROUP_SALT = 1 << 32  # counters of group-level noise, disjoint from token ids
 
 @dataclass
 class SparseEdits:
-    """Positions of `x` overwritten in place by penalties and bans, with their original values."""
+    """Positions of `x` overwritten in place, stage by stage: (rows [N], tokens [N], values before)."""
 
-    rows: torch.Tensor
-    tokens: torch.Tensor
-    original: torch.Tensor
+    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
     def restore(self, x: torch.Tensor) -> None:
-        x.index_put_((self.rows, self.tokens), self.original)
+        """Undo the stages last to first (positions are unique within a stage, not across)."""
+        for rows, tokens, original in reversed(self.parts):
+            x.index_put_((rows, tokens), original)
+
+    def nan_rows(self) -> torch.Tensor:
+        """Rows that held NaN at an overwritten position (a ban must not hide a NaN)."""
+        return torch.unique(torch.cat([r[torch.isnan(o)] for r, _, o in self.parts]))
 
 
 def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdits | None:
@@ -53,11 +57,7 @@ def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdi
         rows, tokens = batch.banned
         parts.append((rows, tokens, x[rows, tokens]))
         x.index_put_((rows, tokens), torch.tensor(-math.inf, dtype=x.dtype, device=x.device))
-    if not parts:
-        return None
-    # Restoring the concatenation in reverse order puts every position back to its first value.
-    rows, tokens, original = (torch.cat(t[::-1]) for t in zip(*parts))
-    return SparseEdits(rows.flip(0), tokens.flip(0), original.flip(0))
+    return SparseEdits(parts) if parts else None
 
 
 def group_max(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:

@@ -50,9 +50,10 @@ def as_float32(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, batch: SamplingBatch) -> None:
-    """Rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them, in place.
-    x: [B, V] penalised logits; tokens: [B] int64; row_max: [B] float32."""
-    posinf = (row_max == math.inf).nonzero().flatten()
+    """Sampled rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them,
+    in place (greedy rows keep the first +inf). x: [B, V] penalised logits; tokens: [B] int64."""
+    sampled = ~torch.tensor(batch.greedy, dtype=torch.bool, device=row_max.device)
+    posinf = ((row_max == math.inf) & sampled).nonzero().flatten()
     if len(posinf):
         tokens[posinf] = ops.draw_among_posinf(x[posinf], batch.keys[posinf])
 
@@ -91,6 +92,8 @@ class ZeroCheckSampler:
         finally:
             if edits is not None:
                 edits.restore(x)
+        if edits is not None:
+            row_max[edits.nan_rows()] = math.nan
         return finish(x, tokens, row_max)
 
     def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:

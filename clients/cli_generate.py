@@ -1,0 +1,61 @@
+"""`zerocheck generate "prompt"`: text as it arrives, then a one-line summary; `--json` for scripts."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zerocheck.clients.attempts import DEFAULT_HEDGE_AFTER_S
+from zerocheck.clients.cli_options import add_connection_arguments, url_of
+from zerocheck.clients.client import Client
+from zerocheck.clients.errors import ZerocheckError
+from zerocheck.clients.request import SAMPLING_NAMES
+from zerocheck.clients.response import GenerateResult
+from zerocheck.sampling import SAMPLING_PARAMETERS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt")
+    add_connection_arguments(parser)
+    parser.add_argument("--model", default="ensemble", help="generate or ensemble (default)")
+    parser.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    parser.add_argument("--max-tokens", type=int, help="tokens to generate (default: the server's)")
+    for spec in SAMPLING_PARAMETERS:
+        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind,
+                            help=f"{spec.doc}; in {spec.interval()}, default {spec.default}")
+    parser.add_argument("--seed", type=int, help="same seed, same tokens")
+    parser.add_argument("--stop", action="append", help="stop word (repeatable)")
+    parser.add_argument("--bad-words", action="append", help="word that never appears (repeatable)")
+    parser.add_argument("--zerocheck", choices=("on", "off"), default="on", help="zero-check sampler path")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line: events, then the final")
+    parser.add_argument("--timeout", type=float, default=60.0, help="total deadline in seconds (default 60)")
+    parser.add_argument("--retries", type=int, default=3, help="retries before the first token (default 3)")
+    parser.add_argument("--hedge-after-s", type=float, nargs="?", const=DEFAULT_HEDGE_AFTER_S,
+                        help=f"hedge a request with no token after this long (flag alone: {DEFAULT_HEDGE_AFTER_S})")
+
+
+def summary(result: GenerateResult) -> str:
+    return (f"{result.completion_tokens} tokens ({result.finish_reason}), TTFT {result.ttft_s * 1000:.0f} ms, "
+            f"{result.tokens_per_s:.1f} tokens/s, sampler {result.sampler}, "
+            f"bypass {str(result.zerocheck_bypass).lower()}, retries {result.retries}, "
+            f"hedged {str(result.hedged).lower()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    client = Client(url_of(args), args.protocol, args.model, connect_timeout=args.connect_timeout,
+                    timeout=args.timeout, retries=args.retries, hedge_after_s=args.hedge_after_s,
+                    api_key=args.api_key)
+    sampling = {name: getattr(args, name) for name in SAMPLING_NAMES}
+    try:
+        for event in client.stream(args.prompt, max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
+                                   bad_words=args.bad_words, zerocheck=args.zerocheck == "on", **sampling):
+            if args.json and (args.stream or event.final):
+                print(json.dumps(event.final.to_dict() if event.final else event.to_dict()), flush=True)
+            elif args.stream:
+                print(event.text, end="", flush=True)
+            if event.final and not args.json:
+                print(("\n" if args.stream else event.final.text + "\n") + summary(event.final))
+    except ZerocheckError as error:
+        print(f"error ({type(error).__name__}): {error.message}", file=sys.stderr)
+        return 1
+    return 0

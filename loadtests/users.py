@@ -1,0 +1,166 @@
+"""Locust users that stream generations: `GrpcStreamUser` (tritonclient.grpc bidirectional stream) and
+`HttpStreamUser` (POST .../generate_stream, server-sent events). Both time every token themselves and report
+through `fire_request_events`; the request name carries the sampler path, e.g. `generate_stream[zero_check]`.
+
+The locustfile must call `grpc.experimental.gevent.init_gevent()` before a gRPC user starts."""
+from __future__ import annotations
+
+import json
+import queue
+import time
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import requests
+from locust import User, constant, task
+
+from zerocheck.loadtests.llm_metrics import StreamTiming, fire_request_events
+from zerocheck.loadtests.options import load_options
+from zerocheck.loadtests.workload import GenerationRequest, Workload
+
+# Triton dtypes of the sampling inputs a profile may set (as in zerocheck.serving.inputs.GENERATE_INPUTS,
+# which is not imported here: it pulls in torch)
+SAMPLING_DTYPES = {"temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "min_p": "FP32",
+                   "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
+                   "seed": "UINT64"}
+NUMPY_OF = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
+
+
+class StreamError(RuntimeError):
+    """The server answered a request with an error (mid-stream or before the first response)."""
+
+
+class LLMStreamUser(User):
+    """A closed-loop user: one streamed generation after another, no think time."""
+
+    abstract = True
+    wait_time = constant(0)
+    protocol: ClassVar[str]
+    endpoint: ClassVar[str]
+
+    def on_start(self) -> None:
+        self.options = load_options(self.environment)
+        self.workload = Workload(self.options.profile, self.options.prompts, self.options.zerocheck,
+                                 seed=self.options.seed + id(self) % 100_000)
+
+    @task
+    def generate(self) -> None:
+        request = self.workload.next_request()
+        timing = StreamTiming(self.protocol, request.path)
+        exception: Exception | None = None
+        try:
+            self.stream(request, timing)
+        except Exception as error:  # any failure is this request's, reported to Locust, never raised
+            exception = error
+            timing.error = f"{type(error).__name__}: {error}"
+        timing.finished()
+        fire_request_events(self.environment.events, f"{self.endpoint}[{request.path}]", timing, exception)
+
+    @abstractmethod
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        """Send `request`, call `timing.tokens_arrived` per response and fill the final outputs; raise on error."""
+
+
+def final_outputs(timing: StreamTiming, outputs: dict[str, Any]) -> None:
+    """Copy sampler, bypass and token counts from a response's outputs (scalars) into `timing`."""
+    timing.sampler = str(outputs.get("sampler", timing.sampler))
+    timing.bypass = bool(outputs.get("zerocheck_bypass", timing.bypass))
+    timing.completion_tokens = int(outputs.get("completion_tokens", timing.completion_tokens))
+    timing.prompt_tokens = int(outputs.get("prompt_tokens", timing.prompt_tokens))
+    timing.finish_reason = str(outputs.get("finish_reason", "")) or timing.finish_reason
+
+
+class GrpcStreamUser(LLMStreamUser):
+    """Streams over gRPC `ModelStreamInfer`, one stream per request; `zerocheck` as a request parameter."""
+
+    protocol = "gRPC"
+    endpoint = "stream_infer"
+
+    def on_start(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        super().on_start()
+        self.grpcclient = grpcclient
+        self.client = grpcclient.InferenceServerClient(self.options.grpc_url)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def inputs(self, request: GenerationRequest) -> list[Any]:
+        values: dict[str, tuple[str, Any]] = {
+            "text_input": ("BYTES", request.prompt.encode()), "max_tokens": ("INT32", request.max_tokens),
+            "stream": ("BOOL", True), **{k: (SAMPLING_DTYPES[k], v) for k, v in request.sampling.items()}}
+        inputs = []
+        for name, (dtype, value) in values.items():
+            tensor = self.grpcclient.InferInput(name, [1, 1], dtype)
+            tensor.set_data_from_numpy(np.array([[value]], dtype=NUMPY_OF[dtype]))
+            inputs.append(tensor)
+        return inputs
+
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: responses.put((result, error)),
+                                 stream_timeout=self.options.timeout_s)
+        try:
+            timing.start = time.perf_counter()
+            self.client.async_stream_infer(self.options.model, self.inputs(request),
+                                           parameters={"zerocheck": request.zerocheck},
+                                           enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=self.options.timeout_s)
+                if error is not None:
+                    raise StreamError(str(error))
+                response = result.get_response()
+                ids = result.as_numpy("output_ids")
+                if ids is not None:
+                    text = result.as_numpy("text_output")
+                    timing.tokens_arrived(ids.size, b"".join(text.reshape(-1)).decode(errors="replace"))
+                    final_outputs(timing, {name: _scalar(result.as_numpy(name)) for name in
+                                           ("sampler", "zerocheck_bypass", "completion_tokens", "prompt_tokens",
+                                            "finish_reason")})
+                if response.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            self.client.stop_stream()
+
+
+def _scalar(array: np.ndarray | None) -> Any:
+    if array is None:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else value.item()
+
+
+class HttpStreamUser(LLMStreamUser):
+    """Streams over HTTP `generate_stream` (SSE `data: {json}` lines; `data: {"error": ...}` fails the request)."""
+
+    protocol = "HTTP"
+    endpoint = "generate_stream"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.session = requests.Session()
+        self.url = f"http://{self.options.http_url}/v2/models/{self.options.model}/generate_stream"
+
+    def on_stop(self) -> None:
+        self.session.close()
+
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True,
+                "zerocheck": request.zerocheck, **request.sampling}
+        timing.start = time.perf_counter()
+        with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s) as reply:
+            if reply.status_code != 200:
+                raise StreamError(f"HTTP {reply.status_code}: {reply.text[:200]}")
+            for line in reply.iter_lines(chunk_size=None):
+                if not line.startswith(b"data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise StreamError(str(event["error"]))
+                ids = event.get("output_ids", [])
+                timing.tokens_arrived(len(ids) if isinstance(ids, list) else 1, event.get("text_output", ""))
+                final_outputs(timing, event)
+        if not timing.finish_reason:
+            raise StreamError("stream ended without a final response (no finish_reason)")

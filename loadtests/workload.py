@@ -1,0 +1,41 @@
+"""What each load user sends: prompt, `max_tokens`, sampling inputs and the sampler path, drawn per request."""
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from zerocheck.loadtests.profiles import Profile
+from zerocheck.loadtests.prompts import PromptSource, draw_length
+
+ZERO_CHECK, CHECKED = "zero_check", "checked"
+SWITCH_OF_PATH = {ZERO_CHECK: "on", CHECKED: "off"}
+PATHS_OF_OPTION = {"on": (ZERO_CHECK,), "off": (CHECKED,), "ab": (ZERO_CHECK, CHECKED)}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    max_tokens: int
+    path: str  # zero_check | checked
+    sampling: dict[str, float]
+
+    @property
+    def zerocheck(self) -> str:
+        """The `zerocheck` request parameter selecting `path`: on | off."""
+        return SWITCH_OF_PATH[self.path]
+
+
+class Workload:
+    """An endless, seeded stream of requests; `--zerocheck ab` alternates the path request by request."""
+
+    def __init__(self, profile: Profile, prompts: PromptSource, zerocheck: str, seed: int) -> None:
+        self.profile, self.prompts = profile, prompts
+        self.rng = random.Random(seed)
+        self.paths: Iterator[str] = itertools.cycle(PATHS_OF_OPTION[zerocheck])
+
+    def next_request(self) -> GenerationRequest:
+        prompt = self.prompts.prompt(draw_length(self.profile.prompt_tokens, self.rng), self.rng)
+        return GenerationRequest(prompt, draw_length(self.profile.output_tokens, self.rng), next(self.paths),
+                                 self.profile.sampling)
