@@ -45,7 +45,7 @@ class Profile:
     stages: tuple[Stage, ...]
     prompt_tokens: LengthDistribution = LengthDistribution(min=8, max=128)
     output_tokens: LengthDistribution = LengthDistribution()
-    sampling: dict[str, float] = field(default_factory=dict)
+    sampling: dict[str, int | float] = field(default_factory=dict)  # sampling input name -> value
     description: str = ""
 
     @property
@@ -105,11 +105,18 @@ def _profile(name: str, data: Any) -> Profile:
                              f"spawn_rate > 0; got {stage}")
     profile = Profile(name, stages, _lengths(data.get("prompt_tokens", {}), Profile.prompt_tokens),
                       _lengths(data.get("output_tokens", {}), Profile.output_tokens),
-                      {str(k): float(v) for k, v in (data.get("sampling") or {}).items()},
+                      _sampling(data.get("sampling") or {}),
                       str(data.get("description", "")))
     if profile.duration > MAX_DURATION_S:
         raise ValueError(f"total duration {profile.duration:.0f} s exceeds {MAX_DURATION_S} s")
     return profile
+
+
+def _sampling(data: dict[str, Any]) -> dict[str, int | float]:
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"sampling.{key} must be a number, got {value!r}")
+    return {str(k): v for k, v in data.items()}
 
 
 def _lengths(data: dict[str, Any], default: LengthDistribution) -> LengthDistribution:

@@ -25,6 +25,7 @@ SAMPLING_DTYPES = {"temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "mi
                    "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
                    "seed": "UINT64"}
 NUMPY_OF = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
+JSON_OF = {"FP32": float, "INT32": int, "UINT64": int}
 
 
 class StreamError(RuntimeError):
@@ -148,7 +149,7 @@ class HttpStreamUser(LLMStreamUser):
 
     def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
         body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True,
-                "zerocheck": request.zerocheck, **request.sampling}
+                "zerocheck": request.zerocheck, **{k: JSON_OF[SAMPLING_DTYPES[k]](v) for k, v in request.sampling.items()}}
         timing.start = time.perf_counter()
         with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s) as reply:
             if reply.status_code != 200:

@@ -28,7 +28,7 @@ def refusal(message: str) -> Exception:
 class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig(args)
-        self.engine = load_decoder(config.artifacts_dir(), backend=config.get("backend", "torch"),
+        self.engine = load_decoder(config.artifacts_dir(), backend=config.get("backend", "onnxruntime"),
                                    max_slots=config.get_int("max_slots", 16),
                                    max_seq_len=config.get_int("max_seq_len", 0) or None,
                                    idle_timeout_s=config.get_float("idle_timeout_s", 60.0),

@@ -1,0 +1,143 @@
+"""`zerocheck load`: run the Locust load test headless against a running server (or one it starts with --serve),
+then write `summary.json`, `client_latency.prom` and print the summary table next to Locust's CSV/HTML reports."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerocheck.loadtests.client_textfile import write_client_latency
+from zerocheck.loadtests.options import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, RemoteTargetRefused, check_targets
+from zerocheck.loadtests.profiles import ProfileError, bundled_profiles, load_profile, profile_path
+from zerocheck.loadtests.request_log import read_request_log
+from zerocheck.loadtests.server_metrics import requests_by_sampler
+from zerocheck.loadtests.summary import format_table, summarize
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+USER_CLASSES = {"grpc": ["GrpcStreamUser"], "http": ["HttpStreamUser"], "both": ["GrpcStreamUser", "HttpStreamUser"]}
+DEFAULT_METRICS_URL = "127.0.0.1:8002"
+STOP_TIMEOUT_S = 60  # in-flight requests finish when users stop, so the server's counters match Locust's
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="steady", help=f"{', '.join(bundled_profiles())} or a .yaml/.json file")
+    parser.add_argument("--users", type=int, default=0, help="scale the profile's peak to N users")
+    parser.add_argument("--duration", type=float, default=0.0, help="stretch the profile to S seconds")
+    parser.add_argument("--zerocheck", choices=("on", "off", "ab"), default="ab",
+                        help="sampler path; ab alternates per request (request names carry the path)")
+    parser.add_argument("--protocol", choices=tuple(USER_CLASSES), default="both", help="which users run")
+    parser.add_argument("--url", default=None, help="host:port of the chosen --protocol (grpc or http)")
+    parser.add_argument("--grpc-url", default=DEFAULT_GRPC_URL)
+    parser.add_argument("--http-url", default=DEFAULT_HTTP_URL)
+    parser.add_argument("--metrics-url", default=DEFAULT_METRICS_URL, help="server metrics, for counter deltas")
+    parser.add_argument("--model", default="ensemble")
+    parser.add_argument("--prompt-source", default="synthetic", help="synthetic or file[:PATH]")
+    parser.add_argument("--artifacts", type=Path, default=None,
+                        help="artifacts with the tokenizer (prompts; also served with --serve); "
+                             "default: $ZEROCHECK_ARTIFACTS or <repo>/artifacts")
+    parser.add_argument("--serve", action="store_true", help="start a tritonserver on free loopback ports first")
+    parser.add_argument("--master", action="store_true", help="run Locust as a master with --workers processes")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes with --master")
+    parser.add_argument("--out", type=Path, default=None, help="report directory (default: loadtest-results/<time>)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--allow-remote", action="store_true", help="allow targets that are not loopback")
+
+
+@dataclass(frozen=True)
+class Targets:
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+
+
+def targets_of(args: argparse.Namespace) -> Targets:
+    """The endpoints from --url/--grpc-url/--http-url/--metrics-url (raises ValueError for --url with both)."""
+    grpc_url, http_url = args.grpc_url, args.http_url
+    if args.url:
+        if args.protocol == "both":
+            raise ValueError("--url needs --protocol grpc or http; use --grpc-url and --http-url for both")
+        grpc_url, http_url = (args.url, http_url) if args.protocol == "grpc" else (grpc_url, args.url)
+    return Targets(grpc_url, http_url, args.metrics_url)
+
+
+@contextlib.contextmanager
+def served(args: argparse.Namespace, targets: Targets) -> Iterator[Targets]:
+    """`targets` as given, or those of a server started here (stopped on exit) when --serve."""
+    if not args.serve:
+        yield targets
+        return
+    from zerocheck.serve.cli import default_model_repository
+    from zerocheck.serve.server import TritonServer
+
+    repository = default_model_repository()
+    artifacts = args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts")
+    server = TritonServer(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts.resolve())})
+    print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
+    server.start()
+    try:
+        server.wait_ready(600)
+        yield Targets(server.grpc_url, server.http_url, server.metrics_url)
+    finally:
+        server.stop()
+
+
+def locust_command(args: argparse.Namespace, targets: Targets, out: Path) -> list[str]:
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+               "--csv", str(out / "locust"), "--html", str(out / "report.html"), "--stop-timeout", str(STOP_TIMEOUT_S),
+               "--load-profile", str(profile_path(args.profile)), "--profile-users", str(args.users),
+               "--profile-duration", str(args.duration), "--zerocheck", args.zerocheck,
+               "--grpc-url", targets.grpc_url, "--http-url", targets.http_url, "--model", args.model,
+               "--prompt-source", args.prompt_source, "--request-log", str(out / "requests"), "--seed", str(args.seed)]
+    if args.artifacts:
+        command += ["--artifacts", str(args.artifacts)]
+    if args.allow_remote:
+        command.append("--allow-remote")
+    if args.master:
+        command += ["--processes", str(args.workers)]
+    return command + USER_CLASSES[args.protocol]
+
+
+def server_requests(metrics_url: str) -> dict[str, float] | None:
+    """`zerocheck_requests_total` by sampler, None when the metrics endpoint does not answer."""
+    try:
+        return requests_by_sampler(metrics_url)
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profile = load_profile(args.profile).scaled(args.users or None, args.duration or None)
+        targets = targets_of(args)
+        check_targets([targets.grpc_url, targets.http_url, targets.metrics_url], args.allow_remote)
+    except (ProfileError, RemoteTargetRefused, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    out = args.out or Path("loadtest-results") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    with served(args, targets) as targets:
+        before = server_requests(targets.metrics_url)
+        print(f"load: profile {profile.name} ({profile.duration:.0f} s, peak {profile.peak_users} users), "
+              f"zerocheck={args.zerocheck}, protocol={args.protocol}, reports in {out}", flush=True)
+        try:
+            returncode = subprocess.run(locust_command(args, targets, out),
+                                        timeout=profile.duration + STOP_TIMEOUT_S + 60).returncode
+        except subprocess.TimeoutExpired:
+            print("error: Locust did not stop in time", file=sys.stderr)
+            returncode = 1
+        after = server_requests(targets.metrics_url)
+    summary = summarize(read_request_log(out / "requests"))
+    if before is not None and after is not None:
+        summary["server_requests_delta"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_client_latency(summary, out / "client_latency.prom")
+    print(format_table(summary))
+    print(f"reports: {out}/summary.json, report.html, locust_stats.csv, client_latency.prom")
+    return returncode
