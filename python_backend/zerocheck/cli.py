@@ -12,7 +12,7 @@ SUBCOMMANDS = {
     "generate": ("zerocheck.clients.cli_generate", "generate text from a running server"),
     "health": ("zerocheck.clients.cli_health", "check server and model readiness"),
     "load": ("zerocheck.loadtests.cli", "run a Locust load test against the server"),
-    "bench": ("zerocheck.bench_cli", "end-to-end benchmark of both sampler paths"),
+    "bench": ("zerocheck.bench.cli", "end-to-end benchmark of both sampler paths"),
 }
 
 

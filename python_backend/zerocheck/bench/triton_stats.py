@@ -1,0 +1,61 @@
+"""Per-model time from Triton's statistics extension (`GET /v2/models/stats`), as deltas.
+
+Triton counts, per model, executions (batches), inferences (requests) and cumulative nanoseconds
+spent queued and computing. The difference of two snapshots over one benchmark run says where that
+run's time went: per execution (one batched decode step) and per inference (one request).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import requests
+
+FIELDS = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class ModelTime:
+    """Totals of one model between two snapshots (nanoseconds, counts)."""
+
+    executions: int = 0
+    inferences: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0  # compute_input + compute_infer + compute_output
+
+    def add(self, other: "ModelTime") -> None:
+        self.executions += other.executions
+        self.inferences += other.inferences
+        self.queue_ns += other.queue_ns
+        self.compute_ns += other.compute_ns
+
+    def compute_ms_per_execution(self) -> float:
+        return self.compute_ns / self.executions / 1e6 if self.executions else 0.0
+
+    def queue_ms_per_inference(self) -> float:
+        return self.queue_ns / self.inferences / 1e6 if self.inferences else 0.0
+
+    def mean_batch(self) -> float:
+        return self.inferences / self.executions if self.executions else 0.0
+
+
+def snapshot(http_url: str) -> dict[str, ModelTime]:
+    """Cumulative times of every model now."""
+    stats = requests.get(f"http://{http_url}/v2/models/stats", timeout=30).json()["model_stats"]
+    out = {}
+    for model in stats:
+        s = model["inference_stats"]
+        out[model["name"]] = ModelTime(
+            executions=int(model.get("execution_count", 0)), inferences=int(model.get("inference_count", 0)),
+            queue_ns=int(s["queue"]["ns"]),
+            compute_ns=sum(int(s[f]["ns"]) for f in ("compute_input", "compute_infer", "compute_output")))
+    return out
+
+
+def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str, ModelTime]:
+    """after - before, per model."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, ModelTime())
+        out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences,
+                              a.queue_ns - b.queue_ns, a.compute_ns - b.compute_ns)
+    return out
