@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerocheck.loadtests.client_textfile import write_client_latency
-from zerocheck.loadtests.options import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, RemoteTargetRefused, check_targets
 from zerocheck.loadtests.profiles import ProfileError, bundled_profiles, load_profile, profile_path
 from zerocheck.loadtests.request_log import read_request_log
 from zerocheck.loadtests.server_metrics import requests_by_sampler
 from zerocheck.loadtests.summary import format_table, summarize
+from zerocheck.loadtests.targets import (DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL,
+                                        RemoteTargetRefused, check_targets)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"grpc": ["GrpcStreamUser"], "http": ["HttpStreamUser"], "both": ["GrpcStreamUser", "HttpStreamUser"]}
-DEFAULT_METRICS_URL = "127.0.0.1:8002"
 STOP_TIMEOUT_S = 60  # in-flight requests finish when users stop, so the server's counters match Locust's
 
 

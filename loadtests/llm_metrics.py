@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from locust.event import Events
+if TYPE_CHECKING:  # importing locust monkey-patches the process with gevent
+    from locust.event import Events
 
 LLM_METRICS = ("time_to_first_token", "inter_token_latency", "time_per_output_token", "request_latency",
                "output_token_throughput_per_request")

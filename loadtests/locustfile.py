@@ -9,10 +9,11 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import events
 from locust.env import Environment
 
-from zerocheck.loadtests.options import RemoteTargetRefused, add_locust_options, load_options
+from zerocheck.loadtests.options import add_locust_options, load_options
 from zerocheck.loadtests.profiles import ProfileError
 from zerocheck.loadtests.request_log import RequestLog
 from zerocheck.loadtests.shapes import ProfileShape
+from zerocheck.loadtests.targets import RemoteTargetRefused
 from zerocheck.loadtests.users import GrpcStreamUser, HttpStreamUser
 
 grpc_gevent.init_gevent()  # gRPC's C core must yield to gevent (Locust has monkey-patched the process)

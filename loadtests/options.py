@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,14 +9,7 @@ from locust.env import Environment
 
 from zerocheck.loadtests.profiles import Profile, load_profile
 from zerocheck.loadtests.prompts import PromptSource, load_prompt_source
-
-DEFAULT_GRPC_URL = "127.0.0.1:8001"
-DEFAULT_HTTP_URL = "127.0.0.1:8000"
-
-
-class RemoteTargetRefused(ValueError):
-    """A target host that is not loopback, without --allow-remote."""
-
+from zerocheck.loadtests.targets import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, check_targets
 
 def add_locust_options(parser: argparse.ArgumentParser) -> None:
     """Listener of `events.init_command_line_parser` (Locust passes these on to its workers)."""
@@ -37,23 +28,6 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--request-timeout", type=float, default=120.0, help="seconds one request may take")
     group.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and paths")
     group.add_argument("--allow-remote", action="store_true", help="allow target hosts that are not loopback")
-
-
-def is_loopback(url: str) -> bool:
-    """True when the host of `host:port` (or `scheme://host:port/...`) resolves only to loopback addresses."""
-    host = url.split("://")[-1].split("/")[0].rsplit(":", 1)[0].strip("[]")
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except socket.gaierror:
-        return False
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
-def check_targets(urls: list[str], allow_remote: bool) -> None:
-    """Raise RemoteTargetRefused for a non-loopback url unless `allow_remote`."""
-    remote = [url for url in urls if not is_loopback(url)]
-    if remote and not allow_remote:
-        raise RemoteTargetRefused(f"refusing non-loopback target(s) {', '.join(remote)}: pass --allow-remote")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ import yaml
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 MAX_USERS = 1024
 MAX_DURATION_S = 24 * 3600
+# Triton dtypes of the sampling inputs a profile may set (as in zerocheck.serving.inputs.GENERATE_INPUTS,
+# not imported here: it pulls in torch)
+SAMPLING_DTYPES = {"temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "min_p": "FP32",
+                   "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
+                   "seed": "UINT64"}
 
 
 class ProfileError(ValueError):
@@ -55,6 +60,15 @@ class Profile:
     @property
     def peak_users(self) -> int:
         return max(stage.users for stage in self.stages)
+
+    def stage_at(self, seconds: float) -> Stage | None:
+        """The stage running `seconds` into the run, None once the last one has ended."""
+        end = 0.0
+        for stage in self.stages:
+            end += stage.duration
+            if seconds < end:
+                return stage
+        return None
 
     def scaled(self, users: int | None = None, duration: float | None = None) -> Profile:
         """The same shape with its peak at `users` and its length `duration` s (each when given)."""
@@ -114,6 +128,8 @@ def _profile(name: str, data: Any) -> Profile:
 
 def _sampling(data: dict[str, Any]) -> dict[str, int | float]:
     for key, value in data.items():
+        if key not in SAMPLING_DTYPES:
+            raise ValueError(f"sampling.{key}: unknown; known: {', '.join(SAMPLING_DTYPES)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"sampling.{key} must be a number, got {value!r}")
     return {str(k): v for k, v in data.items()}

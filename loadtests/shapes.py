@@ -11,10 +11,5 @@ class ProfileShape(LoadTestShape):
     stage, so a headless run stops by itself."""
 
     def tick(self) -> tuple[int, float] | None:
-        profile = load_options(self.runner.environment).profile
-        elapsed, run_time = 0.0, self.get_run_time()
-        for stage in profile.stages:
-            elapsed += stage.duration
-            if run_time < elapsed:
-                return stage.users, stage.spawn_rate
-        return None
+        stage = load_options(self.runner.environment).profile.stage_at(self.get_run_time())
+        return None if stage is None else (stage.users, stage.spawn_rate)

@@ -17,13 +17,9 @@ from locust import User, constant, task
 
 from zerocheck.loadtests.llm_metrics import StreamTiming, fire_request_events
 from zerocheck.loadtests.options import load_options
+from zerocheck.loadtests.profiles import SAMPLING_DTYPES
 from zerocheck.loadtests.workload import GenerationRequest, Workload
 
-# Triton dtypes of the sampling inputs a profile may set (as in zerocheck.serving.inputs.GENERATE_INPUTS,
-# which is not imported here: it pulls in torch)
-SAMPLING_DTYPES = {"temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "min_p": "FP32",
-                   "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
-                   "seed": "UINT64"}
 NUMPY_OF = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": np.bool_, "BYTES": np.object_}
 JSON_OF = {"FP32": float, "INT32": int, "UINT64": int}
 
@@ -148,8 +144,9 @@ class HttpStreamUser(LLMStreamUser):
         self.session.close()
 
     def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
         body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True,
-                "zerocheck": request.zerocheck, **{k: JSON_OF[SAMPLING_DTYPES[k]](v) for k, v in request.sampling.items()}}
+                "zerocheck": request.zerocheck, **sampling}
         timing.start = time.perf_counter()
         with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s) as reply:
             if reply.status_code != 200:

@@ -19,7 +19,7 @@ class GenerationRequest:
     prompt: str
     max_tokens: int
     path: str  # zero_check | checked
-    sampling: dict[str, float]
+    sampling: dict[str, int | float]
 
     @property
     def zerocheck(self) -> str:

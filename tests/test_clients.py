@@ -91,8 +91,7 @@ def cancel_sync_stream(client: Client) -> None:
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-@pytest.mark.parametrize("model", ["generate", pytest.param("ensemble", marks=pytest.mark.xfail(
-    reason="Triton's ensemble does not pass cancellation to the decoupled generate step", strict=False))])
+@pytest.mark.parametrize("model", ["generate", "ensemble"])
 def test_closing_a_stream_frees_the_slot(triton_server: TritonServer, protocol: str, model: str) -> None:
     assert wait_slots_free(triton_server, 10.0) == 0  # whatever earlier tests left has finished
     client = Client(url_of(triton_server, protocol), protocol, model=model)
@@ -107,9 +106,15 @@ def test_cancelling_the_task_frees_the_slot(triton_server: TritonServer, protoco
     client = AsyncClient(url_of(triton_server, protocol), protocol, model="generate")
 
     async def main() -> None:
+        first_token = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in client.stream(PROMPT, max_tokens=200, temperature=0, min_tokens=200):
+                first_token.set()
+
         async with client:
-            task = asyncio.create_task(client.generate(PROMPT, max_tokens=200, temperature=0, min_tokens=200))
-            await asyncio.sleep(0.5)
+            task = asyncio.create_task(consume())
+            await first_token.wait()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             assert task.cancelled()

@@ -21,6 +21,10 @@ def parse(request) -> StepRequest:
                        bool(arrays["sequence_start"].reshape(-1)[0]), bool(arrays["sequence_end"].reshape(-1)[0]))
 
 
+class InjectedFault(RuntimeError):
+    """test-only: raised for a step whose input holds the `test_fail_token` id."""
+
+
 def refusal(message: str) -> Exception:
     return Overloaded(f"{message}; retry later") if message.startswith("KV cache pool full") else InvalidRequest(message)
 
@@ -34,6 +38,7 @@ class TritonPythonModel:
                                    idle_timeout_s=config.get_float("idle_timeout_s", 60.0),
                                    num_threads=config.get_int("num_threads", 0) or None)
         self.delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
+        self.fail_token = config.get_int("test_fail_token", -1)
         gauge = pb_utils.MetricFamily.GAUGE  # families must outlive their metrics: keep both
         self.families = [pb_utils.MetricFamily(name="zerocheck_kv_slots_in_use", description="KV cache slots held "
                                                "by sequences", kind=gauge),
@@ -60,15 +65,28 @@ class TritonPythonModel:
             steps.append(step)
             rows.append(i)
         if steps:
-            try:
-                result = self.engine.step(steps)
-            except Exception as error:  # the forward failed: every row of this batch gets the error
-                for i in rows:
-                    responses[i] = error_response(pb_utils, error)
-            else:
-                logits = result.logits.numpy()
-                for b, (i, message) in enumerate(zip(rows, result.errors)):
-                    responses[i] = (error_response(pb_utils, refusal(message)) if message else
-                                    pb_utils.InferenceResponse([pb_utils.Tensor("logits", logits[b:b + 1])]))
+            self.run_steps(steps, rows, responses)
         self.kv_slots.set(self.engine.pool.in_use)
         return responses
+
+    def run_steps(self, steps, rows, responses) -> None:
+        """One batched forward; when it raises, each row is run alone, so only the rows that fail
+        alone get the error (a failed forward writes no KV cache, so a row may run again)."""
+        try:
+            result = self.step(steps)
+        except Exception as error:
+            if len(steps) == 1:
+                responses[rows[0]] = error_response(pb_utils, error)
+                return
+            for step, i in zip(steps, rows):
+                self.run_steps([step], [i], responses)
+            return
+        logits = result.logits.numpy()
+        for b, (i, message) in enumerate(zip(rows, result.errors)):
+            responses[i] = (error_response(pb_utils, refusal(message)) if message else
+                            pb_utils.InferenceResponse([pb_utils.Tensor("logits", logits[b:b + 1])]))
+
+    def step(self, steps):
+        if self.fail_token >= 0 and any(self.fail_token in step.tokens for step in steps):
+            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
+        return self.engine.step(steps)

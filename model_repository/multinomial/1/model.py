@@ -4,19 +4,36 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.checked import draw_sorted
-from zerocheck.serving.sampler_inputs import answer, gather_batch
+
+from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.serving.sampler_inputs import answer, check_token_ids, gather_batch, refuse_nan
 from zerocheck.serving.triton import ModelConfig
+
+
+def sorted_ids_of(request) -> np.ndarray:
+    tensor = pb_utils.get_input_tensor_by_name(request, "sorted_ids")
+    return tensor.as_numpy() if tensor is not None else np.zeros((0, 0), np.int32)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.vocab_size = ModelConfig(args).vocab_size()
+        probs_ok = refuse_nan("sorted_probs", probabilities=True)
+
+        def check(request, values):
+            probs_ok(request, values)
+            ids = sorted_ids_of(request)
+            if ids.shape != tuple(values["sorted_probs"].shape):
+                raise InvalidRequest(f"sorted_ids must have the shape of sorted_probs {list(values['sorted_probs'].shape)}, "
+                                     f"got {list(ids.shape)}")
+            check_token_ids("sorted_ids", ids, self.vocab_size)
+
+        self.check = check
 
     def execute(self, requests):
-        batch = gather_batch(pb_utils, requests, ["sorted_probs"], self.vocab_size)
+        batch = gather_batch(pb_utils, requests, ["sorted_probs"], self.vocab_size, self.check)
         if batch.rows:
-            order = torch.from_numpy(np.concatenate(
-                [pb_utils.get_input_tensor_by_name(requests[i], "sorted_ids").as_numpy() for i in batch.indices]))
+            order = torch.from_numpy(np.concatenate([sorted_ids_of(requests[i]) for i in batch.indices]))
             tokens, log_probs = draw_sorted(batch.tensors["sorted_probs"].float(), order.long(), batch.params,
                                             batch.steps)
             answer(pb_utils, batch, {"output_id": tokens.to(torch.int32).numpy().reshape(-1, 1),

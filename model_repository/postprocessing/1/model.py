@@ -3,6 +3,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.serving.sampler_inputs import check_token_ids
 from zerocheck.serving.triton import ModelConfig, error_response, request_arrays, tensors
 from zerocheck.tokenizer import IncrementalDetokenizer, load_tokenizer
 
@@ -16,6 +17,7 @@ class TritonPythonModel:
         for request in requests:
             try:
                 arrays = request_arrays(pb_utils, request, ("output_ids", "prefix_offset", "read_offset"))
+                check_token_ids("output_ids", arrays["output_ids"], self.tokenizer.vocab_size)
                 ids = arrays["output_ids"].reshape(-1).tolist()
                 prefix = int(arrays.get("prefix_offset", np.zeros(1)).reshape(-1)[0])
                 read = int(arrays.get("read_offset", np.zeros(1)).reshape(-1)[0])

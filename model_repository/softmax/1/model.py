@@ -3,7 +3,7 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.batch import build_batch
 from zerocheck.sampling.checked import tempered_probs
-from zerocheck.serving.sampler_inputs import answer, gather_batch
+from zerocheck.serving.sampler_inputs import answer, gather_batch, refuse_nan
 from zerocheck.serving.triton import ModelConfig
 
 
@@ -12,7 +12,8 @@ class TritonPythonModel:
         self.vocab_size = ModelConfig(args).vocab_size()
 
     def execute(self, requests):
-        batch = gather_batch(pb_utils, requests, ["penalized_logits"], self.vocab_size)
+        batch = gather_batch(pb_utils, requests, ["penalized_logits"], self.vocab_size,
+                             refuse_nan("penalized_logits"))
         if batch.rows:
             x = batch.tensors["penalized_logits"].float()
             probs = tempered_probs(x, build_batch(batch.params, self.vocab_size, None, batch.steps))

@@ -4,7 +4,7 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.batch import build_batch
 from zerocheck.sampling.checked import sort_and_filter
-from zerocheck.serving.sampler_inputs import answer, gather_batch
+from zerocheck.serving.sampler_inputs import answer, gather_batch, refuse_nan
 from zerocheck.serving.triton import ModelConfig
 
 
@@ -13,7 +13,7 @@ class TritonPythonModel:
         self.vocab_size = ModelConfig(args).vocab_size()
 
     def execute(self, requests):
-        batch = gather_batch(pb_utils, requests, ["probs"], self.vocab_size)
+        batch = gather_batch(pb_utils, requests, ["probs"], self.vocab_size, refuse_nan("probs", probabilities=True))
         if batch.rows:
             probs = batch.tensors["probs"].float()
             sorted_probs, order = sort_and_filter(probs, build_batch(batch.params, self.vocab_size, None, batch.steps))

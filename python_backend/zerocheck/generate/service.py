@@ -80,6 +80,9 @@ class GenerateService:
 
     def prepare(self, arrays: dict[str, np.ndarray], parameters: dict) -> Prepared:
         request = parse_generate_request(arrays, parameters, self.limits)
+        if request.end_id is not None and request.end_id >= self.tokenizer.vocab_size:
+            raise InvalidRequest(f"end_id must be -1 or a token id in [0, {self.tokenizer.vocab_size}), "
+                                 f"got {request.end_id}")
         prompt_ids = self.tokenizer.encode(request.prompt)
         if not prompt_ids:
             raise InvalidRequest("text_input must encode to at least one token")

@@ -1,12 +1,22 @@
 """Sampling: the zero-check sampler, the checked reference chain, and their shared parameters.
 
     from zerocheck.sampling import SamplingParams, zero_check_sample, checked_sample
-"""
-from .checked import CheckedSampler, checked_sample
-from .params import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
-from .zero_check import SampleOutput, ZeroCheckSampler, zero_check_sample
 
-__all__ = [
-    "SAMPLING_PARAMETERS", "CheckedSampler", "SampleOutput", "SamplingParamError", "SamplingParams",
-    "ZeroCheckSampler", "checked_sample", "zero_check_sample",
-]
+The parameter table and `SamplingParams` import without torch (clients use them); the samplers are
+imported on first use.
+"""
+from importlib import import_module
+from typing import Any
+
+from .params import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
+
+_LAZY = {"CheckedSampler": ".checked", "checked_sample": ".checked", "SampleOutput": ".zero_check",
+         "ZeroCheckSampler": ".zero_check", "zero_check_sample": ".zero_check"}
+
+__all__ = ["SAMPLING_PARAMETERS", "SamplingParamError", "SamplingParams", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

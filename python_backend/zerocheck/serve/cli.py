@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -36,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--tritonserver", default=None, help="tritonserver binary (default: nvidia-pytriton's)")
     parser.add_argument("--api-key", default=None,
-                        help=f"require header '{API_KEY_HEADER}: KEY' for the {', '.join(RESTRICTED_APIS)} APIs")
+                        help=f"require header '{API_KEY_HEADER}: KEY' for the {', '.join(RESTRICTED_APIS)} APIs "
+                             f"(default: a random key, so they are never open)")
     parser.add_argument("--log-file", type=Path, default=None, help="server log (default: a temp file)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     parser.add_argument("--demo", action="store_true", help="stream one generation from `generate`, then exit")
@@ -65,13 +67,14 @@ def ensure_artifacts(artifacts: Path, build: bool) -> bool:
     return True
 
 
-def print_endpoints(server: TritonServer, api_key: str | None) -> None:
+def print_endpoints(server: TritonServer, key_given: bool) -> None:
     """The addresses, the log path and a curl line to try."""
     print(f"tritonserver ready (pid {server.pid}), log: {server.log_path}")
     print(f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n"
           f"  metrics  http://{server.metrics_url}/metrics")
-    if api_key:
-        print(f"  restricted APIs need header '{API_KEY_HEADER}: <key>' (gRPC metadata '{GRPC_API_KEY_HEADER}')")
+    print(f"  {', '.join(RESTRICTED_APIS)} APIs need header '{API_KEY_HEADER}: <key>' "
+          f"(gRPC metadata '{GRPC_API_KEY_HEADER}')"
+          + ("" if key_given else "; no --api-key given: locked with a random key"))
     body = json.dumps({"text_input": DEMO_PROMPT, "max_tokens": 32})
     print(f"try:\n  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{body}'", flush=True)
 
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         server = TritonServer(
             repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
             host=args.host, tritonserver=args.tritonserver, log_file=args.log_file,
-            env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=args.api_key,
+            env={"ZEROCHECK_ARTIFACTS": str(artifacts)},
+            restricted_api_key=args.api_key or secrets.token_urlsafe(32),  # never open by default
         )
     except TritonServerNotFound as error:
         print(f"error: {error}", file=sys.stderr)
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         server.start()
         print(f"starting tritonserver on {repository} (log: {server.log_path}) ...", flush=True)
         server.wait_ready(args.ready_timeout)
-        print_endpoints(server, args.api_key)
+        print_endpoints(server, bool(args.api_key))
         if args.demo:
             run_demo(server)
             return 0

@@ -9,7 +9,7 @@ tensorrtllm_backend's word-list format: flattened ids, then end offsets padded w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from zerocheck.serving.triton import error_response, scalar_inputs
 SCALARS = {spec.name: (spec.default, spec.kind) for spec in SAMPLING_PARAMETERS}
 SCALARS.update(random_seed=(None, int), step=(0, int))
 MAX_HISTORY = 1 << 16
+MAX_STEP = 2**31 - 1
 
 
 @dataclass
@@ -57,26 +58,39 @@ def decode_word_list(array: np.ndarray) -> tuple[tuple[int, ...], ...]:
     return tuple(words)
 
 
-def _ids(name: str, array: np.ndarray | None, limit: int) -> list[int]:
+def check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None:
+    """Raise InvalidRequest unless every id of `ids` is in [0, vocab_size) (no bound when None)."""
+    if vocab_size is not None and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise InvalidRequest(f"{name} must hold token ids in [0, {vocab_size}), got "
+                             f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
+
+
+def _ids(name: str, array: np.ndarray | None, limit: int, vocab_size: int | None = None) -> list[int]:
     if array is None:
         return []
     if array.ndim != 2 or array.shape[0] != 1 or array.dtype.kind not in "iu":
         raise InvalidRequest(f"{name} must be an integer tensor of shape [1, N], got {array.dtype} {list(array.shape)}")
     if array.shape[1] > limit:
         raise InvalidRequest(f"{name} must hold at most {limit} ids, got {array.shape[1]}")
+    check_token_ids(name, array, vocab_size)
     return array[0].tolist()
 
 
-def parse_sampler_row(pb_utils: Any, request: Any) -> SamplerRow:
-    """The sampling inputs of one request; raises InvalidRequest naming the bad input."""
+def parse_sampler_row(pb_utils: Any, request: Any, vocab_size: int | None = None) -> SamplerRow:
+    """The sampling inputs of one request; raises InvalidRequest naming the bad input. Token ids
+    (history, bad_words, logit_bias_ids) must lie in [0, vocab_size) when vocab_size is given."""
     values = scalar_inputs(pb_utils, request, SCALARS)
+    if not 0 <= values["step"] <= MAX_STEP:
+        raise InvalidRequest(f"step must be an integer in [0, {MAX_STEP}], got {values['step']}")
 
     def optional(name: str) -> np.ndarray | None:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
 
     bad = optional("bad_words")
-    bias_ids = _ids("logit_bias_ids", optional("logit_bias_ids"), 1024)
+    if bad is not None and bad.ndim == 3 and bad.shape[:2] == (1, 2):
+        check_token_ids("bad_words", bad[0, 0][bad[0, 0] != -1], vocab_size)
+    bias_ids = _ids("logit_bias_ids", optional("logit_bias_ids"), 1024, vocab_size)
     bias_values = optional("logit_bias_values")
     bias_values = [] if bias_values is None else bias_values.reshape(-1).tolist()
     if len(bias_ids) != len(bias_values):
@@ -88,7 +102,7 @@ def parse_sampler_row(pb_utils: Any, request: Any) -> SamplerRow:
             logit_bias=tuple(zip(bias_ids, bias_values)))
     except SamplingParamError as error:
         raise InvalidRequest(str(error)) from None
-    return SamplerRow(params, _ids("history", optional("history"), MAX_HISTORY), values["step"])
+    return SamplerRow(params, _ids("history", optional("history"), MAX_HISTORY, vocab_size), values["step"])
 
 
 def logits_row(pb_utils: Any, request: Any, name: str, vocab_size: int | None) -> torch.Tensor:
@@ -130,14 +144,18 @@ class SamplerBatch:
         return [row.step for row in self.rows]
 
 
-def gather_batch(pb_utils: Any, requests: Sequence[Any], names: Sequence[str], vocab_size: int | None) -> SamplerBatch:
-    """Parse every request; stack the [1, V] inputs `names` of the well-formed ones."""
+def gather_batch(pb_utils: Any, requests: Sequence[Any], names: Sequence[str], vocab_size: int | None,
+                 check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> SamplerBatch:
+    """Parse every request; stack the [1, V] inputs `names` of the well-formed ones. `check(request,
+    values)` may refuse a request further (raise InvalidRequest); a refused request fails alone."""
     batch = SamplerBatch([], [], {}, [None] * len(requests))
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     for i, request in enumerate(requests):
         try:
-            row = parse_sampler_row(pb_utils, request)
+            row = parse_sampler_row(pb_utils, request, vocab_size)
             values = {name: logits_row(pb_utils, request, name, vocab_size) for name in names}
+            if check is not None:
+                check(request, values)
         except Exception as error:
             batch.responses[i] = error_response(pb_utils, error)
             continue
@@ -147,6 +165,18 @@ def gather_batch(pb_utils: Any, requests: Sequence[Any], names: Sequence[str], v
             columns[name].append(value)
     batch.tensors = {name: col[0] if len(col) == 1 else torch.cat(col) for name, col in columns.items() if col}
     return batch
+
+
+def refuse_nan(*names: str, probabilities: bool = False) -> Callable[[Any, dict[str, torch.Tensor]], None]:
+    """A `gather_batch` check: the inputs `names` must hold no NaN (probabilities: values in [0, 1])."""
+    def check(request: Any, values: dict[str, torch.Tensor]) -> None:
+        for name in names:
+            x = values[name]
+            if bool(torch.isnan(x).any()):
+                raise InvalidRequest(f"{name} contain NaN")
+            if probabilities and bool(((x < 0) | (x > 1)).any()):
+                raise InvalidRequest(f"{name} must be probabilities in [0, 1]")
+    return check
 
 
 def answer(pb_utils: Any, batch: SamplerBatch, outputs: dict[str, np.ndarray], errors: Sequence[str | None]) -> list[Any]:
