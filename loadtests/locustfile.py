@@ -5,9 +5,11 @@
 import logging
 from pathlib import Path
 
+import gevent
 import grpc.experimental.gevent as grpc_gevent
-from locust import events
+from locust import events, stats
 from locust.env import Environment
+from locust.runners import WorkerRunner
 
 from zerocheck.loadtests.options import add_locust_options, load_options
 from zerocheck.loadtests.profiles import ProfileError
@@ -37,3 +39,11 @@ def _on_init(environment: Environment, **_) -> None:
         log = RequestLog(Path(environment.parsed_options.request_log))
         environment.events.request.add_listener(log.on_request)
         environment.events.quitting.add_listener(log.close)
+
+
+@events.test_stop.add_listener
+def _let_csv_catch_up(environment: Environment, **_) -> None:
+    """Locust rewrites the CSV stats once a second and only closes the files at exit: wait for one more pass, so
+    the requests that finished while users stopped are in locust_stats.csv too."""
+    if not isinstance(environment.runner, WorkerRunner):
+        gevent.sleep(stats.CSV_STATS_INTERVAL_SEC + 0.5)
