@@ -16,7 +16,8 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("zerocheck")
     group.add_argument("--load-profile", default="steady", help="bundled profile name or a .yaml/.json file")
     group.add_argument("--profile-users", type=int, default=0, help="scale the profile's peak to N users (0: as is)")
-    group.add_argument("--profile-duration", type=float, default=0.0, help="stretch the profile to S seconds (0: as is)")
+    group.add_argument("--profile-duration", type=float, default=0.0,
+                       help="stretch the profile to S seconds (0: as is)")
     group.add_argument("--zerocheck", choices=("on", "off", "ab"), default="ab",
                        help="sampler path: on (zero_check), off (checked), ab (alternate per request)")
     group.add_argument("--grpc-url", default=DEFAULT_GRPC_URL, help="host:port of Triton's gRPC endpoint")

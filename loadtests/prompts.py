@@ -56,7 +56,8 @@ class SyntheticPrompts:
 
 
 class FilePrompts:
-    """Lines of a prompt file (`\\n` in a line is a newline), joined until they reach about `tokens` * CHARS_PER_TOKEN characters."""
+    """Lines of a prompt file (`\\n` in a line is a newline), joined until they reach about
+    `tokens` * CHARS_PER_TOKEN characters."""
 
     def __init__(self, lines: list[str]) -> None:
         if not lines:

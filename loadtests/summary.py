@@ -70,7 +70,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines += [(label, *(_cell(paths[p][key]) for p in paths)) for label, key in ROWS]
     for name in TIMINGS_MS:
         for stat in ("p50", "p95", "p99"):
-            lines.append((f"{name.removesuffix('_ms').upper()} {stat} ms", *(_cell(paths[p][name][stat]) for p in paths)))
+            label = f"{name.removesuffix('_ms').upper()} {stat} ms"
+            lines.append((label, *(_cell(paths[p][name][stat]) for p in paths)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     rendered = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
                 for row in lines]

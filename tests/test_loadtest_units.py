@@ -1,4 +1,5 @@
-"""zerocheck.loadtests without a server (and without importing locust, which gevent-patches the process): profiles, shape, prompt lengths, A/B paths, loopback guard, summary."""
+"""zerocheck.loadtests without a server and without importing locust (it gevent-patches the process):
+profiles, stages, prompt lengths, A/B paths, loopback guard, summary."""
 from __future__ import annotations
 
 import random
@@ -45,7 +46,8 @@ def test_stages_follow_the_profile_then_end() -> None:
     assert [None if s is None else s.users for s in stages] == [1, 4, 1, None]
 
 
-@pytest.mark.parametrize("lengths", [LengthDistribution("lognormal", 8, 160, 48, 0.5), LengthDistribution("uniform", 16, 48)])
+@pytest.mark.parametrize("lengths", [LengthDistribution("lognormal", 8, 160, 48, 0.5),
+                                     LengthDistribution("uniform", 16, 48)])
 def test_lengths_stay_in_bounds(lengths: LengthDistribution) -> None:
     rng = random.Random(0)
     drawn = [draw_length(lengths, rng) for _ in range(2000)]

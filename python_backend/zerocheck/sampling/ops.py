@@ -14,6 +14,7 @@ import torch
 
 from .batch import SamplingBatch
 from .noise import exponential_noise, race_scores
+from .workspace import Workspace
 
 GROUP = 128  # tokens per group: the unit of the two-stage race and of the top-k prefilter
 HIST_BUCKETS = 4096  # value buckets of the sort-free top-p search
@@ -115,7 +116,7 @@ def top_p_cutoff_sorted(y_sorted: torch.Tensor, keep: torch.Tensor, top_p: torch
     return torch.where(top_p >= 1.0, -math.inf, tau)
 
 
-def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor, workspace: Workspace) -> torch.Tensor:
     """Exact, sort-free top-p threshold over whole rows (a radix-select on probability mass).
 
     y: [R, V] float32 shifted logits (<= 0); w: [R, V] float32 = exp(y), 0 where already excluded;
@@ -126,19 +127,20 @@ def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor)
     2. The cumulative bucket mass locates the bucket where top_p * sum(w) is crossed.
     3. Only that bucket's members are ranked (top-k over the masked row, k = its largest count),
        and the exact crossing token inside it gives tau.
+    Bucket masses are float32 sums, as precise as the checked chain's float32 softmax and cumsum.
     """
     rows, vocab = y.shape
-    scale = HIST_BUCKETS / HIST_RANGE
-    bucket = (y * -scale).clamp_(0, HIST_BUCKETS - 1).to(torch.int64)
-    mass = torch.zeros(rows, HIST_BUCKETS, dtype=torch.float64, device=y.device)
-    mass.scatter_add_(1, bucket, w.double())
-    cum = mass.cumsum(-1)
+    scaled = torch.mul(y, -HIST_BUCKETS / HIST_RANGE, out=workspace.get("scaled", y.shape, y.dtype, y.device))
+    bucket = workspace.get("bucket", y.shape, torch.int64, y.device).copy_(scaled.clamp_(0, HIST_BUCKETS - 1))
+    mass = torch.zeros(rows, HIST_BUCKETS, dtype=torch.float32, device=y.device).scatter_add_(1, bucket, w)
+    cum = mass.double().cumsum(-1)
     target = top_p.double().unsqueeze(-1) * cum[:, -1:]
     boundary = torch.searchsorted(cum, target).clamp_(max=HIST_BUCKETS - 1)  # [R, 1]
     before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0)
-    inside = (bucket == boundary) & (w > 0)
+    inside = torch.eq(bucket, boundary, out=workspace.get("inside", y.shape, torch.bool, y.device))
     count = int(inside.sum(-1).max())
-    members = torch.topk(torch.where(inside, y, -math.inf), max(count, 1), dim=-1, sorted=True).values
+    # zero-weight members rank after the crossing token, so they never become the cut
+    members = torch.topk(scaled.copy_(y).masked_fill_(~inside, -math.inf), max(count, 1), dim=-1).values
     member_cum = before + torch.exp(members.double()).cumsum(-1)
     cut = torch.searchsorted(member_cum, target).clamp_(max=members.shape[1] - 1)
     # Rounding can leave the crossing just past the last member: then the last member is the cut.

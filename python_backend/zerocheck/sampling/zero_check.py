@@ -22,6 +22,7 @@ import torch
 from . import ops
 from .batch import SamplingBatch, build_batch
 from .params import SamplingParamError, SamplingParams
+from .workspace import Workspace
 
 
 @dataclass
@@ -75,7 +76,11 @@ def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> Sa
 
 
 class ZeroCheckSampler:
-    """Stateless orchestration of the zero-check sampler (see the module docstring)."""
+    """Orchestration of the zero-check sampler (see the module docstring); its only state is a
+    per-thread workspace of scratch tensors."""
+
+    def __init__(self) -> None:
+        self._workspace = Workspace()
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
@@ -147,14 +152,15 @@ class ZeroCheckSampler:
             xs = xs.masked_fill(~finite.unsqueeze(1), 0.0)
             shift = torch.where(finite, top, 0.0)
         inv_t = 1.0 / batch.temperature[idx]
-        y = (xs - shift.unsqueeze(1)).mul_(inv_t.unsqueeze(1))
-        w = torch.exp(y)
+        y = torch.sub(xs, shift.unsqueeze(1), out=self._workspace.get("y", xs.shape, xs.dtype, xs.device))
+        y.mul_(inv_t.unsqueeze(1))
+        w = torch.exp(y, out=self._workspace.get("w", xs.shape, xs.dtype, xs.device))
         lower = torch.log(batch.min_p[idx])
         if kth is not None:
             w.masked_fill_(y < ((kth - shift) * inv_t).unsqueeze(1), 0.0)
         top_p = batch.top_p[idx]
         if bool((top_p < 1.0).any()):
-            tau = ops.dense_top_p_threshold(y, w, top_p)
+            tau = ops.dense_top_p_threshold(y, w, top_p, self._workspace)
             lower = torch.maximum(lower, torch.where(top_p < 1.0, tau, -math.inf))
         if bool((lower > -math.inf).any()):
             w.masked_fill_(y < lower.unsqueeze(1), 0.0)
