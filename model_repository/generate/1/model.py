@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from zerocheck.generate.loop import GenerationLoop, StepOutput
 from zerocheck.generate.service import GenerateService
 from zerocheck.generate.step_inputs import STEP_MODELS, step_arrays, step_outputs
+from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
 from zerocheck.serving.inputs import GENERATE_INPUTS, InvalidRequest, Limits, Overloaded
 from zerocheck.serving.metrics import GenerateMetrics
 from zerocheck.serving.triton import ModelConfig, built_max_seq_len, error_for, request_arrays, request_parameters, tensors
@@ -62,10 +63,27 @@ def bls_release(seq_id: str) -> None:
     on_loop(bls("decoder", arrays, ["logits"]))
 
 
+def response_parameters_supported() -> bool:
+    """Whether this Python backend takes InferenceResponse(parameters=...) (Triton 2.51's does not)."""
+    try:
+        pb_utils.InferenceResponse(output_tensors=[], parameters={"probe": True})
+    except TypeError:
+        return False
+    return True
+
+
+PARAMETER_OUTPUTS = ("zerocheck_bypass", "sampler", "finish_reason", "prompt_tokens", "completion_tokens")
+WITH_PARAMETERS = False  # decided once in initialize
+
+
 async def send(sender, arrays=None, error: Exception | None = None, final=False) -> None:
     flags = FINAL if final else 0
     if error is not None:
         sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error_for(pb_utils, error)), flags=flags)
+    elif arrays is not None and WITH_PARAMETERS:  # the same fields as response parameters too
+        parameters = {name: arrays[name].reshape(-1)[0].item() for name in PARAMETER_OUTPUTS}
+        parameters = {k: v.decode() if isinstance(v, bytes) else v for k, v in parameters.items()}
+        sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays), parameters=parameters), flags=flags)
     elif arrays is not None:
         sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays)), flags=flags)
     else:
@@ -94,6 +112,8 @@ class LastHeld:
 
 class TritonPythonModel:
     def initialize(self, args):
+        global WITH_PARAMETERS
+        WITH_PARAMETERS = response_parameters_supported()
         config = ModelConfig(args)
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(config.get_int("max_context", 1024), built_max_seq_len(config.artifacts_dir()))
@@ -107,6 +127,8 @@ class TritonPythonModel:
         self.sequence_pool = ThreadPoolExecutor(max_workers=max_active, thread_name_prefix="sequence")
         self.metrics = GenerateMetrics(pb_utils)
         self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
+        # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
+        self.watchdog = StubWatchdog(stop_server).start() if config.get("exit_on_dead_instance", "true") == "true" else None
 
     async def execute(self, requests):
         global LOOP
@@ -152,5 +174,7 @@ class TritonPythonModel:
             future.result()
 
     def finalize(self):
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sequence_pool.shutdown(wait=False, cancel_futures=True)

@@ -125,8 +125,8 @@ def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor,
 
     1. Histogram the mass over HIST_BUCKETS equal-width buckets of y (one scatter_add pass).
     2. The cumulative bucket mass locates the bucket where top_p * sum(w) is crossed.
-    3. Only that bucket's members are ranked (top-k over the masked row, k = its largest count),
-       and the exact crossing token inside it gives tau.
+    3. Only that bucket's members are ranked: compacted with `nonzero` (a handful per row), sorted
+       by value within their row, and the exact crossing token among them gives tau.
     Bucket masses are float32 sums, as precise as the checked chain's float32 softmax and cumsum.
     """
     rows, vocab = y.shape
@@ -136,16 +136,28 @@ def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor,
     cum = mass.double().cumsum(-1)
     target = top_p.double().unsqueeze(-1) * cum[:, -1:]
     boundary = torch.searchsorted(cum, target).clamp_(max=HIST_BUCKETS - 1)  # [R, 1]
-    before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0)
+    before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0).squeeze(1)
     inside = torch.eq(bucket, boundary, out=workspace.get("inside", y.shape, torch.bool, y.device))
-    count = int(inside.sum(-1).max())
+    member_row, member_col = inside.nonzero(as_tuple=True)  # row-major: grouped by row
+    values = y[member_row, member_col]
+    by_value = torch.sort(values, descending=True, stable=True).indices
+    order = by_value[torch.sort(member_row[by_value], stable=True).indices]  # by row, then value desc
+    member_row, values = member_row[order], values[order]
     # zero-weight members rank after the crossing token, so they never become the cut
-    members = torch.topk(scaled.copy_(y).masked_fill_(~inside, -math.inf), max(count, 1), dim=-1).values
-    member_cum = before + torch.exp(members.double()).cumsum(-1)
-    cut = torch.searchsorted(member_cum, target).clamp_(max=members.shape[1] - 1)
+    weight = torch.exp(values.double())
+    running = weight.cumsum(0)
+    starts = torch.searchsorted(member_row, torch.arange(rows, device=y.device))
+    offset = running[(starts - 1).clamp(min=0)].masked_fill(starts == 0, 0.0) if len(running) else before.new_zeros(rows)
+    position = torch.arange(len(values), device=y.device)
+    crossed = before[member_row] + running - offset[member_row] >= target.squeeze(1)[member_row]
+    none = len(values)
+    cut = torch.full((rows,), none, dtype=torch.int64, device=y.device)
+    cut.scatter_reduce_(0, member_row[crossed], position[crossed], "amin")
     # Rounding can leave the crossing just past the last member: then the last member is the cut.
-    last = (torch.isfinite(members).sum(-1, keepdim=True) - 1).clamp_(min=0)
-    return members.gather(1, torch.minimum(cut, last)).squeeze(1)
+    last = torch.full((rows,), -1, dtype=torch.int64, device=y.device).scatter_reduce_(0, member_row, position, "amax")
+    cut = torch.where(cut == none, last, cut)
+    values = torch.cat([values, values.new_full((1,), -math.inf)])  # rows without members keep everything
+    return values[torch.where(cut < 0, none, cut)]
 
 
 def race_draw_candidates(y: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
