@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.generate.loop import GenerationLoop, StepOutput
+from zerocheck.generate.loop import GenerationLoop, StepCancelled, StepOutput
 from zerocheck.generate.service import GenerateService
 from zerocheck.generate.step_inputs import STEP_MODELS, step_arrays, step_outputs
 from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
@@ -51,8 +51,15 @@ async def bls(model: str, arrays: dict, outputs: list) -> dict:
     return {name: tensor.as_numpy().copy() for name, tensor in found.items() if tensor is not None}
 
 
+async def checked_bls(request, model: str, arrays: dict, outputs: list) -> dict:
+    """`bls` unless the client cancelled `request`: checked in the same hop as the step."""
+    if request.is_cancelled():
+        raise StepCancelled()
+    return await bls(model, arrays, outputs)
+
+
 def bls_step(call) -> StepOutput:
-    out = on_loop(bls(STEP_MODELS[call.path], step_arrays(call), step_outputs(call)))
+    out = on_loop(checked_bls(call.context, STEP_MODELS[call.path], step_arrays(call), step_outputs(call)))
     log_prob = out.get("output_log_prob")
     return StepOutput(int(out["output_id"].reshape(-1)[0]), None if log_prob is None else float(log_prob.reshape(-1)[0]))
 
@@ -155,8 +162,7 @@ class TritonPythonModel:
             with self.service.admission(prepared.request.num_return_sequences):
                 on_loop(call(metrics.active.set, self.service.active))
                 on_loop(call(metrics.request, prepared.path, prepared.bypass, prepared.degraded))
-                generations = self.service.serve(prepared, held.send, lambda: on_loop(call(request.is_cancelled)),
-                                                 self.run_parallel)
+                generations = self.service.serve(prepared, held.send, self.run_parallel, context=request)
             for generation in generations:
                 on_loop(call(metrics.finished, prepared.path, generation))
             held.close()

@@ -6,7 +6,7 @@ import triton_python_backend_utils as pb_utils
 from zerocheck.sampling.checked import draw_sorted
 
 from zerocheck.serving.inputs import InvalidRequest
-from zerocheck.serving.sampler_inputs import answer, check_token_ids, gather_batch, refuse_nan
+from zerocheck.serving.sampler_inputs import check_token_ids, gather_batch, refuse_nan, respond
 from zerocheck.serving.triton import ModelConfig
 
 
@@ -32,10 +32,10 @@ class TritonPythonModel:
 
     def execute(self, requests):
         batch = gather_batch(pb_utils, requests, ["sorted_probs"], self.vocab_size, self.check)
-        if batch.rows:
-            order = torch.from_numpy(np.concatenate([sorted_ids_of(requests[i]) for i in batch.indices]))
-            tokens, log_probs = draw_sorted(batch.tensors["sorted_probs"].float(), order.long(), batch.params,
-                                            batch.steps)
-            answer(pb_utils, batch, {"output_id": tokens.to(torch.int32).numpy().reshape(-1, 1),
-                                     "output_log_prob": log_probs.numpy().reshape(-1, 1)}, [None] * len(batch.rows))
-        return batch.responses
+        return respond(pb_utils, batch, lambda b: self.draw(b, requests))
+
+    def draw(self, batch, requests):
+        order = torch.from_numpy(np.concatenate([sorted_ids_of(requests[i]) for i in batch.indices]))
+        tokens, log_probs = draw_sorted(batch.tensors["sorted_probs"].float(), order.long(), batch.params, batch.steps)
+        return {"output_id": tokens.to(torch.int32).numpy().reshape(-1, 1),
+                "output_log_prob": log_probs.numpy().reshape(-1, 1)}, [None] * len(batch.rows)

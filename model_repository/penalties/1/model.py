@@ -4,7 +4,7 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.batch import build_batch
 from zerocheck.sampling.checked import penalize
-from zerocheck.serving.sampler_inputs import answer, gather_batch
+from zerocheck.serving.sampler_inputs import gather_batch, respond
 from zerocheck.serving.triton import ModelConfig
 
 
@@ -13,12 +13,11 @@ class TritonPythonModel:
         self.vocab_size = ModelConfig(args).vocab_size()
 
     def execute(self, requests):
-        batch = gather_batch(pb_utils, requests, ["logits"], self.vocab_size)
-        if batch.rows:
-            x = batch.tensors["logits"].float().clone()
-            nan = torch.isnan(x).any(-1).tolist()
-            x[torch.tensor(nan)] = 0.0
-            penalize(x, build_batch(batch.params, self.vocab_size, batch.history, batch.steps), batch.params,
-                     batch.history)
-            answer(pb_utils, batch, {"penalized_logits": x.numpy()}, ["logits contain NaN" if n else None for n in nan])
-        return batch.responses
+        return respond(pb_utils, gather_batch(pb_utils, requests, ["logits"], self.vocab_size), self.penalize)
+
+    def penalize(self, batch):
+        x = batch.tensors["logits"].float().clone()
+        nan = torch.isnan(x).any(-1).tolist()
+        x[torch.tensor(nan)] = 0.0
+        penalize(x, build_batch(batch.params, self.vocab_size, batch.history, batch.steps), batch.params, batch.history)
+        return {"penalized_logits": x.numpy()}, ["logits contain NaN" if n else None for n in nan]

@@ -4,7 +4,7 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.batch import build_batch
 from zerocheck.sampling.checked import sort_and_filter
-from zerocheck.serving.sampler_inputs import answer, gather_batch, refuse_nan
+from zerocheck.serving.sampler_inputs import gather_batch, refuse_nan, respond
 from zerocheck.serving.triton import ModelConfig
 
 
@@ -14,9 +14,9 @@ class TritonPythonModel:
 
     def execute(self, requests):
         batch = gather_batch(pb_utils, requests, ["probs"], self.vocab_size, refuse_nan("probs", probabilities=True))
-        if batch.rows:
-            probs = batch.tensors["probs"].float()
-            sorted_probs, order = sort_and_filter(probs, build_batch(batch.params, self.vocab_size, None, batch.steps))
-            answer(pb_utils, batch, {"sorted_probs": sorted_probs.numpy(), "sorted_ids": order.to(torch.int32).numpy()},
-                   [None] * len(batch.rows))
-        return batch.responses
+        return respond(pb_utils, batch, self.filter)
+
+    def filter(self, batch):
+        probs = batch.tensors["probs"].float()
+        sorted_probs, order = sort_and_filter(probs, build_batch(batch.params, self.vocab_size, None, batch.steps))
+        return {"sorted_probs": sorted_probs.numpy(), "sorted_ids": order.to(torch.int32).numpy()}, [None] * len(batch.rows)

@@ -74,13 +74,16 @@ def sized_repository(concurrency: int) -> Path:
     """A copy of model_repository/ whose KV pool and admission fit `concurrency` sequences."""
     target = Path(tempfile.mkdtemp(prefix="zerocheck-bench-")) / "model_repository"
     shutil.copytree(REPO_ROOT / "model_repository", target)
-    replace = {"decoder": ('key: "max_slots" value: { string_value: "16" }',
-                           f'key: "max_slots" value: {{ string_value: "{concurrency}" }}'),
-               "generate": ('key: "max_concurrent_sequences" value: { string_value: "16" }',
-                            f'key: "max_concurrent_sequences" value: {{ string_value: "{concurrency}" }}')}
+    admit = ('key: "max_concurrent_sequences" value: { string_value: "16" }',
+             f'key: "max_concurrent_sequences" value: {{ string_value: "{concurrency}" }}')
+    replace = {"decoder": ('key: "max_slots" value: { string_value: "32" }',
+                           f'key: "max_slots" value: {{ string_value: "{2 * concurrency}" }}'),
+               "generate": admit, "ensemble": admit}
     for model, (old, new) in replace.items():
         config = target / model / "config.pbtxt"
-        config.write_text(config.read_text().replace(old, new))
+        text = config.read_text()
+        assert old in text, f"{config}: {old!r} not found"
+        config.write_text(text.replace(old, new))
     return target
 
 

@@ -35,6 +35,11 @@ class StepCall:
     step: int
     path: str  # ZERO_CHECK or CHECKED
     want_log_prob: bool
+    context: object = None  # the caller's per-request handle, passed through to `step`
+
+
+class StepCancelled(Exception):
+    """Raised by a step that found its request cancelled: the loop ends with finish_reason cancelled."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,9 @@ class GenerationLoop:
 
     def run(self, request: GenerateRequest, prompt_ids: list[int], path: str,
             emit: Callable[[Chunk], None] | None = None, cancelled: Callable[[], bool] = lambda: False,
-            seed_offset: int = 0) -> Generation:
+            seed_offset: int = 0, context: object = None) -> Generation:
+        """Generate until a stop condition. Cancellation is seen before each step, by `cancelled()` or
+        by the step raising StepCancelled (a server checks it in the same hop as the step)."""
         arrival = time.time_ns()
         sampling = self.sampling_for(request)
         if seed_offset:
@@ -128,10 +135,14 @@ class GenerationLoop:
                 if end_id >= 0 and step < request.min_tokens:
                     params = replace(sampling, bad_words=sampling.bad_words + ((end_id,),))
                 last = step == max_tokens - 1
-                out = self._step(StepCall(
-                    seq_id=seq_id, tokens=prompt_ids if step == 0 else ids[-1:], start=step == 0, end=last,
-                    sampling=params, history=prompt_ids + ids if needs_history else None, step=step, path=path,
-                    want_log_prob=request.return_log_probs))
+                try:
+                    out = self._step(StepCall(
+                        seq_id=seq_id, tokens=prompt_ids if step == 0 else ids[-1:], start=step == 0, end=last,
+                        sampling=params, history=prompt_ids + ids if needs_history else None, step=step, path=path,
+                        want_log_prob=request.return_log_probs, context=context))
+                except StepCancelled:
+                    finish = "cancelled"
+                    break
                 released = last
                 first_ns = first_ns or time.time_ns()
                 if out.token == end_id:

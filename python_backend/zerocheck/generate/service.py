@@ -120,9 +120,9 @@ class GenerateService:
                 self._slots.release()
 
     def serve(self, prepared: Prepared, send: Callable[[dict[str, np.ndarray]], None],
-              cancelled: Callable[[], bool], run_parallel: Callable[[list[Callable[[], None]]], None]) -> list[Generation]:
+              run_parallel: Callable[[list[Callable[[], None]]], None], context: object = None) -> list[Generation]:
         """Run every requested sequence; streamed chunks and final responses go to `send`.
-        run_parallel runs the per-sequence jobs (threads in the server)."""
+        run_parallel runs the per-sequence jobs (threads in the server); `context` reaches every step."""
         request = prepared.request
         results: list[Generation | None] = [None] * request.num_return_sequences
         send_lock = threading.Lock()
@@ -141,7 +141,7 @@ class GenerateService:
                                                 "", None))
 
                 generation = self.loop.run(request, prepared.prompt_ids, prepared.path,
-                                           emit if request.stream else None, cancelled, seed_offset=index)
+                                           emit if request.stream else None, seed_offset=index, context=context)
                 results[index] = generation
                 final_text = "" if request.stream else generation.text
                 final_ids = [] if request.stream else generation.ids

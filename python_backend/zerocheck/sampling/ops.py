@@ -61,24 +61,24 @@ def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdi
     return SparseEdits(parts) if parts else None
 
 
-def group_max(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates)."""
+def _per_group(x: torch.Tensor, group: int, reduce: str) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)]: `reduce` ("amax" or "sum") of each run of `group` tokens."""
     rows, vocab = x.shape
     full = vocab // group
-    parts = [x[:, :full * group].view(rows, full, group).amax(-1)] if full else []
+    parts = [getattr(x[:, :full * group].view(rows, full, group), reduce)(-1)] if full else []
     if vocab % group:
-        parts.append(x[:, full * group:].amax(-1, keepdim=True))
+        parts.append(getattr(x[:, full * group:], reduce)(-1, keepdim=True))
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+
+
+def group_max(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates)."""
+    return _per_group(x, group, "amax")
 
 
 def group_sum(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
     """x: [R, V] -> [R, ceil(V / group)] sum of each run of `group` tokens."""
-    rows, vocab = x.shape
-    full = vocab // group
-    parts = [x[:, :full * group].view(rows, full, group).sum(-1)] if full else []
-    if vocab % group:
-        parts.append(x[:, full * group:].sum(-1, keepdim=True))
-    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+    return _per_group(x, group, "sum")
 
 
 def topk_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -188,3 +188,20 @@ def answer(pb_utils: Any, batch: SamplerBatch, outputs: dict[str, np.ndarray], e
             batch.responses[i] = pb_utils.InferenceResponse(
                 [pb_utils.Tensor(name, np.ascontiguousarray(array[b:b + 1])) for name, array in outputs.items()])
     return batch.responses
+
+
+Compute = Callable[[SamplerBatch], tuple[dict[str, np.ndarray], Sequence[str | None]]]
+
+
+def respond(pb_utils: Any, batch: SamplerBatch, compute: Compute) -> list[Any]:
+    """Answer the well-formed requests with `compute(batch)` -> (outputs [B, ...], per-row errors).
+    If the batched computation itself raises, each of them gets that error (never a traceback)."""
+    if batch.rows:
+        try:
+            outputs, errors = compute(batch)
+        except Exception as error:
+            for i in batch.indices:
+                batch.responses[i] = error_response(pb_utils, error)
+        else:
+            answer(pb_utils, batch, outputs, errors)
+    return batch.responses

@@ -64,13 +64,9 @@ def built_max_seq_len(artifacts_dir: Path) -> int:
 
 
 def request_arrays(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[str, np.ndarray]:
-    """Inputs present in `request`, by name, as numpy arrays (batch dimension included)."""
-    arrays = {}
-    for name in names:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is not None:
-            arrays[name] = tensor.as_numpy()
-    return arrays
+    """Inputs present in `request` among `names`, as numpy arrays (batch dimension included)."""
+    wanted = set(names)
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in wanted}
 
 
 def request_parameters(request: Any) -> dict[str, Any]:
@@ -99,9 +95,10 @@ def tensors(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> list[Any]:
 
 def scalar_inputs(pb_utils: Any, request: Any, specs: Mapping[str, tuple[Any, type]]) -> dict[str, Any]:
     """Optional [1, 1] scalar inputs with defaults. specs: name -> (default, python type)."""
+    present = {tensor.name(): tensor for tensor in request.inputs()}  # one call, not one per name
     values = {}
     for name, (default, kind) in specs.items():
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensor = present.get(name)
         if tensor is None:
             values[name] = default
             continue
