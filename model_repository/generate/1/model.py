@@ -1,8 +1,8 @@
 """Decoupled BLS model `generate` (also served as `ensemble`): the generation loop, streaming.
 
 Each request runs its generation loop on a worker thread; every decode step is one BLS call to
-`zero_check_step` or `checked_step`. A `StepBatcher` gathers the steps of all active sequences and
-issues them together, so Triton's dynamic batcher runs them as one decoder and one sampler batch. The Python backend of Triton 2.51 crashes when pb_utils objects (requests, tensors,
+`zero_check_step` or `checked_step`, where Triton's dynamic batcher batches the steps of concurrent
+sequences. The Python backend of Triton 2.51 crashes when pb_utils objects (requests, tensors,
 responses) are used from several threads at once, so worker threads touch none: they hand numpy
 arrays to `on_loop`, which builds, sends and reads every pb_utils object on the stub's event loop.
 """
@@ -15,7 +15,6 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.generate.loop import GenerationLoop, StepCancelled, StepOutput
 from zerocheck.generate.service import GenerateService
-from zerocheck.generate.step_batcher import StepBatcher
 from zerocheck.generate.step_inputs import STEP_MODELS, step_arrays, step_outputs
 from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
 from zerocheck.serving.inputs import GENERATE_INPUTS, InvalidRequest, Limits, Overloaded
@@ -59,27 +58,10 @@ async def checked_bls(request, model: str, arrays: dict, outputs: list) -> dict:
     return await bls(model, arrays, outputs)
 
 
-def step_output(out: dict) -> StepOutput:
+def bls_step(call) -> StepOutput:
+    out = on_loop(checked_bls(call.context, STEP_MODELS[call.path], step_arrays(call), step_outputs(call)))
     log_prob = out.get("output_log_prob")
     return StepOutput(int(out["output_id"].reshape(-1)[0]), None if log_prob is None else float(log_prob.reshape(-1)[0]))
-
-
-async def run_step(call, future) -> None:
-    try:
-        future.set_result(step_output(await checked_bls(call.context, STEP_MODELS[call.path], step_arrays(call),
-                                                        step_outputs(call))))
-    except BaseException as error:
-        future.set_exception(error)
-
-
-def dispatch_steps(batch) -> None:
-    """One loop hop issues every step of the batch at once (StepBatcher); each future is resolved
-    when its own step returns."""
-    async def schedule():
-        for call, future in batch:
-            asyncio.ensure_future(run_step(call, future))
-
-    on_loop(schedule())
 
 
 def bls_release(seq_id: str) -> None:
@@ -145,8 +127,7 @@ class TritonPythonModel:
         limits = Limits(max_prompt_tokens=min(config.get_int("max_prompt_tokens", 768), context - 1),
                         max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
         max_active, max_queue = config.get_int("max_concurrent_sequences", 16), config.get_int("max_queue_size", 16)
-        batcher = StepBatcher(dispatch_steps, lambda: self.service.active, config.get_float("step_linger_ms", 2.0) / 1e3)
-        loop = GenerationLoop(tokenizer, batcher.step, bls_release, limits.max_context)
+        loop = GenerationLoop(tokenizer, bls_step, bls_release, limits.max_context)
         self.service = GenerateService(tokenizer, loop, limits, max_active, max_queue,
                                        config.get_float("queue_timeout_s", 30.0))
         self.pool = ThreadPoolExecutor(max_workers=max_active + max_queue + 2, thread_name_prefix="generate")
