@@ -11,7 +11,6 @@ from typing import Protocol
 from zerocheck.loadtests.profiles import LengthDistribution
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "prompts.txt"
-DEFAULT_ARTIFACTS = Path("/work/main/artifacts")
 CHARS_PER_TOKEN = 4  # length estimate for prompt-file text when no tokenizer counts tokens
 VOCAB_SAMPLE = 4000  # token ids tried when building the synthetic word pool
 
@@ -76,8 +75,10 @@ class FilePrompts:
 
 
 def artifacts_dir() -> Path:
-    """$ZEROCHECK_ARTIFACTS, else /work/main/artifacts."""
-    return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or DEFAULT_ARTIFACTS)
+    """$ZEROCHECK_ARTIFACTS, else artifacts/ beside the model repository (what `zerocheck serve` serves)."""
+    from zerocheck.serving.triton import REPO_ROOT
+
+    return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or REPO_ROOT / "artifacts")
 
 
 def load_prompt_source(source: str = "synthetic", artifacts: Path | None = None) -> PromptSource:
