@@ -136,3 +136,23 @@ def test_context_limit_names_the_allowed_max_tokens():
     parsed = parse_generate_request(request(text_input="x", max_tokens=200), {})
     with pytest.raises(InvalidRequest, match="max_tokens must be <= 56"):
         check_context(parsed, 200, Limits(max_context=256, max_prompt_tokens=250))
+
+
+def test_admission_queues_then_refuses_at_once():
+    from zerocheck.generate.service import GenerateService
+    from zerocheck.serving.inputs import Overloaded
+
+    service = GenerateService(None, None, Limits(), max_active=1, max_queue=1, queue_timeout_s=0.05)
+    service.reserve()
+    service.reserve()  # one active + one queued fit
+    with pytest.raises(Overloaded, match="retry later"):
+        service.reserve()
+    with service.admission():
+        assert service.active == 1
+        with pytest.raises(Overloaded, match="no KV cache slot freed"):
+            with service.admission():  # the queued one times out while the slot is held
+                pass
+    assert service.active == 0
+    service.reserve()  # capacity is back
+    with pytest.raises(InvalidRequest, match="num_return_sequences must be <= 1"):
+        service.reserve(2)

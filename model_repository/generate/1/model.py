@@ -145,6 +145,7 @@ class TritonPythonModel:
             try:
                 prepared = self.service.prepare(request_arrays(pb_utils, request, INPUT_NAMES),
                                                 request_parameters(request))
+                self.service.reserve(prepared.request.num_return_sequences)
             except Exception as error:
                 self.metrics.error(type(error).__name__)
                 await send(sender, error=error, final=True)

@@ -90,9 +90,9 @@ class GenerateService:
         path, degraded = choose_path(request)
         return Prepared(request, prompt_ids, path, degraded)
 
-    @contextmanager
-    def admission(self, sequences: int = 1) -> Iterator[None]:
-        """Hold `sequences` KV slots; queue when all are taken, refuse at once when the queue is full."""
+    def reserve(self, sequences: int = 1) -> None:
+        """Count a request as queued, or refuse it at once (Overloaded) when slots and queue are full:
+        called as the request arrives, before it waits for a worker thread; `admission` follows."""
         if sequences > self.max_active:
             raise InvalidRequest(f"num_return_sequences must be <= {self.max_active} (the KV cache slots)")
         with self._lock:
@@ -100,6 +100,11 @@ class GenerateService:
                 raise Overloaded(f"overloaded: {self.active}/{self.max_active} sequences active and "
                                  f"{self._waiting}/{self.max_queue} queued; retry later")
             self._waiting += sequences
+
+    @contextmanager
+    def admission(self, sequences: int = 1) -> Iterator[None]:
+        """For a `reserve`d request: wait for `sequences` KV slots (Overloaded after queue_timeout_s)
+        and hold them for the block."""
         taken = 0
         try:
             deadline = time.monotonic() + self.queue_timeout_s
