@@ -11,7 +11,7 @@ import aiohttp
 from zerocheck.clients.aio_grpc_transport import grpc_attempt
 from zerocheck.clients.aio_http_transport import http_attempt
 from zerocheck.clients.attempts import Attempts
-from zerocheck.clients.errors import Cancelled, ZerocheckError
+from zerocheck.clients.errors import Cancelled
 from zerocheck.clients.request import RETRY_UNAVAILABLE, GenerateRequest
 from zerocheck.clients.response import GenerateResult, TokenEvent
 from zerocheck.clients.settings import ClientSettings
@@ -77,21 +77,16 @@ class AsyncClient(ClientSettings):
                 except asyncio.TimeoutError:
                     launch(state.on_timer())
                     continue
-                if isinstance(item, ZerocheckError):
-                    delay = state.on_error(attempt, item)
-                    if delay is not None:
-                        await asyncio.sleep(delay)
-                        launch(RETRY_UNAVAILABLE)
-                elif item is None:
-                    state.on_end(attempt)
-                else:
-                    event, losers = state.on_chunk(attempt, item)
-                    for loser in losers:
-                        running.pop(loser).cancel()
-                    if event is not None:
-                        yield event
-                        if event.final is not None:
-                            return
+                delay, event, losers = state.on_item(attempt, item)
+                for loser in losers:
+                    running.pop(loser).cancel()
+                if delay is not None:
+                    await asyncio.sleep(delay)
+                    launch(RETRY_UNAVAILABLE)
+                if event is not None:
+                    yield event
+                    if event.final is not None:
+                        return
         finally:
             for task in running.values():
                 task.cancel()

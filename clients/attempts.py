@@ -108,6 +108,19 @@ class Attempts:
         self.retries += 1
         return delay
 
+    def on_item(self, attempt: int, item: Chunk | ZerocheckError | None
+                ) -> tuple[float | None, TokenEvent | None, set[int]]:
+        """What one delivery of an attempt means (a chunk, an error, or None for end of stream):
+        (backoff before launching a retry or None, event to yield or None, attempts to cancel).
+        Raises the error when the call fails."""
+        if isinstance(item, ZerocheckError):
+            return self.on_error(attempt, item), None, set()
+        if item is None:
+            self.on_end(attempt)
+            return None, None, set()
+        event, losers = self.on_chunk(attempt, item)
+        return None, event, losers
+
     def on_end(self, attempt: int) -> None:
         """A stream ended without a final response."""
         if attempt in self.live:

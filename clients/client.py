@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from zerocheck.clients.attempts import Attempts
-from zerocheck.clients.errors import Cancelled, ZerocheckError
+from zerocheck.clients.errors import Cancelled
 from zerocheck.clients.grpc_transport import GrpcAttempt
 from zerocheck.clients.http_transport import HttpAttempt
 from zerocheck.clients.request import RETRY_UNAVAILABLE, GenerateRequest
@@ -54,21 +54,16 @@ class Client(ClientSettings):
                 except queue.Empty:
                     launch(state.on_timer())
                     continue
-                if isinstance(item, ZerocheckError):
-                    delay = state.on_error(attempt, item)
-                    if delay is not None:
-                        time.sleep(delay)
-                        launch(RETRY_UNAVAILABLE)
-                elif item is None:
-                    state.on_end(attempt)
-                else:
-                    event, losers = state.on_chunk(attempt, item)
-                    for loser in losers:
-                        running.pop(loser).cancel()
-                    if event is not None:
-                        yield event
-                        if event.final is not None:
-                            return
+                delay, event, losers = state.on_item(attempt, item)
+                for loser in losers:
+                    running.pop(loser).cancel()
+                if delay is not None:
+                    time.sleep(delay)
+                    launch(RETRY_UNAVAILABLE)
+                if event is not None:
+                    yield event
+                    if event.final is not None:
+                        return
         finally:
             for attempt in running.values():
                 attempt.cancel()

@@ -21,10 +21,10 @@ class TritonPythonModel:
                 ids = arrays["output_ids"].reshape(-1).tolist()
                 prefix = int(arrays.get("prefix_offset", np.zeros(1)).reshape(-1)[0])
                 read = int(arrays.get("read_offset", np.zeros(1)).reshape(-1)[0])
-                if not 0 <= prefix <= read <= len(ids):
-                    raise InvalidRequest(f"offsets must satisfy 0 <= prefix_offset <= read_offset <= {len(ids)}, "
-                                         f"got {prefix}, {read}")
-                detok = IncrementalDetokenizer.resume(self.tokenizer, ids, prefix, read)
+                try:
+                    detok = IncrementalDetokenizer.resume(self.tokenizer, ids, prefix, read)
+                except ValueError as error:  # offsets out of order or past the ids
+                    raise InvalidRequest(str(error)) from None
                 text = detok.push([])
                 prefix, read = detok.offsets
                 responses.append(pb_utils.InferenceResponse(tensors(pb_utils, {

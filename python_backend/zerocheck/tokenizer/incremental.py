@@ -24,21 +24,6 @@ class IncrementalDetokenizer:
         self._read_offset = 0  # ids before this index have been emitted as text
 
     @classmethod
-    def resume(cls, tokenizer: TextTokenizer, ids: Sequence[int], prefix_offset: int, read_offset: int
-               ) -> "IncrementalDetokenizer":
-        """A detokenizer that already holds `ids` with the given offsets (a stateless server sends
-        the ids and the offsets it got back from the previous call)."""
-        detok = cls(tokenizer)
-        detok._ids = list(ids)
-        detok._prefix_offset, detok._read_offset = prefix_offset, read_offset
-        return detok
-
-    @property
-    def offsets(self) -> tuple[int, int]:
-        """(prefix_offset, read_offset): what `resume` needs to continue."""
-        return self._prefix_offset, self._read_offset
-
-    @classmethod
     def resume(cls, tokenizer: TextTokenizer, ids: Sequence[int], prefix_offset: int, read_offset: int) -> IncrementalDetokenizer:
         """Rebuild the state a stateless caller kept as (ids, offsets); needs 0 <= prefix <= read <= len(ids)."""
         if not 0 <= prefix_offset <= read_offset <= len(ids):
