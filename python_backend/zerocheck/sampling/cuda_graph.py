@@ -40,17 +40,10 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
     the candidates (those need the eager sampler).
     """
     values, ids = ops.topk_candidates(x, width)
-    k = torch.where(greedy, 1, top_k)
-    kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
-    after = values.gather(1, k.unsqueeze(1)).squeeze(1)
-    tied = (after == kth) & torch.isfinite(kth) & ~greedy
-    top = values[:, 0]
-    y = (values - top.unsqueeze(1)) / temperature.unsqueeze(1)
-    keep = (torch.arange(width, device=x.device) < k.unsqueeze(1)) & torch.isfinite(values)
-    tau = ops.top_p_cutoff_sorted(y, keep, top_p)
-    keep &= y >= torch.maximum(tau, torch.log(min_p)).unsqueeze(1)
-    drawn = ops.race_draw_candidates(y, keep, ids, keys)
+    drawn, _, tied = ops.draw_from_candidates(values, ids, torch.where(greedy, 1, top_k), temperature, top_p, min_p,
+                                              keys)
     tokens = torch.where(greedy, x.argmax(-1), drawn)
+    top, tied = values[:, 0], tied & ~greedy
     return tokens, top, tied
 
 

@@ -167,6 +167,27 @@ def race_draw_candidates(y: torch.Tensor, keep: torch.Tensor, ids: torch.Tensor,
     return ids.gather(1, scores.argmax(-1, keepdim=True)).squeeze(1)
 
 
+def draw_from_candidates(values: torch.Tensor, ids: torch.Tensor, k: torch.Tensor, temperature: torch.Tensor,
+                         top_p: torch.Tensor, min_p: torch.Tensor, keys: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k, temperature, top-p and min-p on the sorted candidates, then the race; no host sync.
+
+    values/ids: [R, W] from `topk_candidates` (W > every k); k: [R] int64 in [1, W - 1];
+    temperature/top_p/min_p: [R] float32; keys: [R, 2]. Returns drawn token ids [R] int64, the k-th
+    value [R] and [R] bool rows whose k-th value repeats past the candidates (ties there reach
+    outside them: those rows need whole-row treatment).
+    """
+    width = values.shape[1]
+    kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
+    after = values.gather(1, k.unsqueeze(1)).squeeze(1)
+    tied = (after == kth) & torch.isfinite(kth)
+    y = (values - values[:, :1]) / temperature.unsqueeze(1)
+    keep = (torch.arange(width, device=values.device) < k.unsqueeze(1)) & torch.isfinite(values)
+    tau = top_p_cutoff_sorted(y, keep, top_p)
+    keep &= y >= torch.maximum(tau, torch.log(min_p)).unsqueeze(1)
+    return race_draw_candidates(y, keep, ids, keys), kth, tied
+
+
 def race_draw_dense(y: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Two-stage exponential race over whole rows, with noise for ~V/GROUP + GROUP entries per row.
 

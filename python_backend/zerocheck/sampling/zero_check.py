@@ -122,19 +122,11 @@ class ZeroCheckSampler:
                     tokens: torch.Tensor, row_max: torch.Tensor) -> None:
         xs = _rows(x, rows)
         idx = torch.tensor(rows, device=x.device)
-        k = batch.top_k[idx]
         width = min(max(batch.top_k_list[b] for b in rows) + 1, xs.shape[1])
         values, ids = ops.topk_candidates(xs, width)
-        kth = values.gather(1, (k - 1).unsqueeze(1)).squeeze(1)
-        after = values.gather(1, k.clamp(max=width - 1).unsqueeze(1)).squeeze(1)
-        tied = (k < width) & (after == kth) & torch.isfinite(kth)  # the k-th value repeats past k
+        drawn, kth, tied = ops.draw_from_candidates(values, ids, batch.top_k[idx], batch.temperature[idx],
+                                                    batch.top_p[idx], batch.min_p[idx], batch.keys[idx])
         top = values[:, 0]
-        y = (values - top.unsqueeze(1)) / batch.temperature[idx].unsqueeze(1)
-        keep = torch.arange(width, device=x.device) < k.unsqueeze(1)
-        keep &= torch.isfinite(values)
-        tau = ops.top_p_cutoff_sorted(y, keep, batch.top_p[idx])
-        keep &= y >= torch.maximum(tau, torch.log(batch.min_p[idx])).unsqueeze(1)
-        drawn = ops.race_draw_candidates(y, keep, ids, batch.keys[idx])
         _put(tokens, row_max, rows, drawn, top)
         if bool(tied.any()):  # exact ties at the k-th value reach past the candidates: do whole rows
             tied_pos = tied.nonzero().flatten().tolist()
