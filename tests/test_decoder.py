@@ -102,7 +102,7 @@ def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0, -1]
     got = engine.step([StepRequest("a", ids, start=True, end=True)])
-    assert got.errors == [None]
+    assert got.messages == [None]
     torch.testing.assert_close(got.logits[0], expected, atol=1e-4, rtol=0)
 
 

@@ -1,13 +1,20 @@
-"""The generation loop and request parsing without Triton: a fake step stands in for the BLS call."""
+"""The generation loop without Triton: sequences driven by the step scheduler over a scripted batched
+step, request parsing and admission control."""
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
 
 import conftest
-from zerocheck.generate.loop import CHECKED, ZERO_CHECK, GenerationLoop, StepCall, StepOutput, choose_path
-from zerocheck.serving.inputs import InvalidRequest, Limits, check_context, parse_generate_request
+from zerocheck.generate.scheduler import StepScheduler
+from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Sequence, StepCall, StepOutput, choose_path
+from zerocheck.generate.service import GenerateService
+from zerocheck.serving.inputs import InvalidRequest, Limits, Overloaded, check_context, parse_generate_request
 from zerocheck.tokenizer import load_tokenizer
+
+PROMPT = "hello world"
 
 
 @pytest.fixture(scope="module")
@@ -22,29 +29,52 @@ def request(**fields):
     return arrays
 
 
-class ScriptedStep:
-    """Returns tokens from a script; records every call."""
+class ScriptedSteps:
+    """A batched step that answers each sequence from its own script (a token, or an exception for
+    that row); records every batch and every release."""
 
-    def __init__(self, tokens):
-        self.tokens, self.calls, self.released = list(tokens), [], []
+    def __init__(self, scripts: dict[int, list], fail_batch_at: int | None = None):
+        self.scripts, self.fail_batch_at = scripts, fail_batch_at
+        self.batches: list[list[StepCall]] = []
+        self.released: list[str] = []
+        self.index_of: dict[str, int] = {}  # seq_id -> script key
 
-    def __call__(self, call: StepCall) -> StepOutput:
-        self.calls.append(call)
-        return StepOutput(self.tokens[len(self.calls) - 1])
+    async def step(self, path: str, calls: list[StepCall]) -> list:
+        self.batches.append(calls)
+        await asyncio.sleep(0)
+        if self.fail_batch_at == len(self.batches):
+            raise RuntimeError("the whole step failed")
+        out = []
+        for call in calls:
+            script = self.scripts[self.index_of[call.seq_id]]
+            item = script[call.step]
+            out.append(item if isinstance(item, Exception) else StepOutput(item))
+        return out
 
-    def release(self, seq_id: str) -> None:
-        self.released.append(seq_id)
+    async def release(self, seq_ids: list[str]) -> None:
+        self.released += seq_ids
 
 
-def run(tokenizer, script, cancel_after=None, **fields):
-    step = ScriptedStep(script)
-    loop = GenerationLoop(tokenizer, step, step.release, max_context=256)
-    parsed = parse_generate_request(request(text_input="hello world", **fields), {})
-    chunks = []
-    cancelled = (lambda: len(step.calls) >= cancel_after) if cancel_after else (lambda: False)
-    result = loop.run(parsed, tokenizer.encode(parsed.prompt), ZERO_CHECK, chunks.append if parsed.stream else None,
-                      cancelled)
-    return result, step, chunks
+def sequences(tokenizer, steps: ScriptedSteps, count=1, cancelled=lambda: False, path=ZERO_CHECK, **fields):
+    parsed = parse_generate_request(request(text_input=PROMPT, **fields), {})
+    out = [Sequence(tokenizer, parsed, tokenizer.encode(PROMPT), path, 256, index, cancelled) for index in range(count)]
+    for index, seq in enumerate(out):
+        steps.index_of[seq.seq_id] = index
+    return out
+
+
+def run(tokenizer, script, cancelled=lambda: False, **fields):
+    """One sequence to its end; returns (sequence, steps, streamed chunks, ended)."""
+    steps = ScriptedSteps({0: script})
+    (seq,) = sequences(tokenizer, steps, cancelled=cancelled, **fields)
+    chunks, ended = [], []
+    scheduler = StepScheduler(steps.step, steps.release)
+    asyncio.run(scheduler.run([seq], lambda s, chunk: chunks.append(chunk) if chunk else ended.append(s)))
+    return seq, steps, chunks, ended
+
+
+def calls_of(steps: ScriptedSteps) -> list[StepCall]:
+    return [call for batch in steps.batches for call in batch]
 
 
 def word_ids(tokenizer, text):
@@ -55,58 +85,137 @@ def word_ids(tokenizer, text):
 
 def test_runs_to_max_tokens_and_marks_the_last_step_end(tokenizer):
     script = word_ids(tokenizer, " the value of the result is")[:5]
-    result, step, _ = run(tokenizer, script, max_tokens=len(script))
-    assert result.finish_reason == "length" and result.ids == script
-    assert step.calls[0].start and step.calls[0].tokens == tokenizer.encode("hello world")
-    assert [c.tokens for c in step.calls[1:]] == [[t] for t in script[:-1]]
-    assert step.calls[-1].end and not any(c.end for c in step.calls[:-1])
-    assert step.released == []  # the last step released the slot itself
+    seq, steps, _, ended = run(tokenizer, script, max_tokens=len(script))
+    calls = calls_of(steps)
+    assert seq.generation().finish_reason == "length" and seq.ids == script and ended == [seq]
+    assert calls[0].start and calls[0].tokens == tokenizer.encode(PROMPT)
+    assert [c.tokens for c in calls[1:]] == [[t] for t in script[:-1]]
+    assert calls[-1].end and not any(c.end for c in calls[:-1])
+    assert steps.released == []  # the last step released the slot itself
 
 
 def test_eos_stops_and_releases(tokenizer):
-    result, step, _ = run(tokenizer, [5, 6, tokenizer.eos_id, 7], max_tokens=10)
-    assert result.finish_reason == "eos" and result.ids == [5, 6]
-    assert step.released == [step.calls[0].seq_id]
+    seq, steps, _, _ = run(tokenizer, [5, 6, tokenizer.eos_id, 7], max_tokens=10)
+    assert seq.generation().finish_reason == "eos" and seq.ids == [5, 6]
+    assert steps.released == [seq.seq_id]
 
 
 def test_min_tokens_bans_end_id_until_reached(tokenizer):
-    _, step, _ = run(tokenizer, [5, 6, 7, 8], max_tokens=4, min_tokens=2)
-    banned = [((tokenizer.eos_id,) in c.sampling.bad_words) for c in step.calls]
+    _, steps, _, _ = run(tokenizer, [5, 6, 7, 8], max_tokens=4, min_tokens=2)
+    banned = [((tokenizer.eos_id,) in c.sampling.bad_words) for c in calls_of(steps)]
     assert banned == [True, True, False, False]
 
 
 def test_stop_word_stops_after_it(tokenizer):
     stop = word_ids(tokenizer, " stop")
-    result, _, _ = run(tokenizer, [5] + stop + [9, 9], max_tokens=10, stop_words=[" stop"])
-    assert result.finish_reason == "stop" and result.ids == [5] + stop
+    seq, _, _, _ = run(tokenizer, [5] + stop + [9, 9], max_tokens=10, stop_words=[" stop"])
+    assert seq.generation().finish_reason == "stop" and seq.ids == [5] + stop
 
 
 def test_cancellation_ends_within_one_step(tokenizer):
-    result, step, _ = run(tokenizer, [5] * 50, cancel_after=3, max_tokens=50)
-    assert result.finish_reason == "cancelled" and len(step.calls) == 3
-    assert step.released == [step.calls[0].seq_id]
+    steps = ScriptedSteps({0: [5] * 50})
+    (seq,) = sequences(tokenizer, steps, cancelled=lambda: len(steps.batches) >= 3, max_tokens=50)
+    ended = []
+    asyncio.run(StepScheduler(steps.step, steps.release).run([seq], lambda s, c: ended.append(c)))
+    assert seq.generation().finish_reason == "cancelled" and len(steps.batches) == 3
+    assert steps.released == [seq.seq_id] and ended[-1] is None  # a cancelled sequence ends well
 
 
 def test_history_is_sent_only_when_needed(tokenizer):
-    _, plain, _ = run(tokenizer, [5, 6, 7], max_tokens=3)
-    assert all(c.history is None for c in plain.calls)
-    _, penalised, _ = run(tokenizer, [5, 6, 7], max_tokens=3, repetition_penalty=1.2)
-    prompt = tokenizer.encode("hello world")
-    assert [c.history for c in penalised.calls] == [prompt, prompt + [5], prompt + [5, 6]]
+    _, plain, _, _ = run(tokenizer, [5, 6, 7], max_tokens=3)
+    assert all(c.history is None for c in calls_of(plain))
+    _, penalised, _, _ = run(tokenizer, [5, 6, 7], max_tokens=3, repetition_penalty=1.2)
+    prompt = tokenizer.encode(PROMPT)
+    assert [c.history for c in calls_of(penalised)] == [prompt, prompt + [5], prompt + [5, 6]]
 
 
-def test_stream_chunks_concatenate_to_the_text(tokenizer):
+def test_every_sequence_gets_a_seed(tokenizer):
+    _, unseeded, _, _ = run(tokenizer, [5, 6], max_tokens=2)
+    seeds = {c.sampling.seed for c in calls_of(unseeded)}
+    assert len(seeds) == 1 and None not in seeds  # one noise stream per sequence, whatever its batch row
+    steps = ScriptedSteps({0: [5], 1: [5], 2: [5]})
+    assert [s.sampling.seed for s in sequences(tokenizer, steps, count=3, random_seed=7)] == [7, 8, 9]
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_chunks_concatenate_to_the_text(tokenizer, interval):
     script = word_ids(tokenizer, " é ü 漢字 emoji 🙂 done")[:12]
-    result, _, chunks = run(tokenizer, script, max_tokens=len(script), stream=True)
-    assert "".join(c.text for c in chunks) == tokenizer.decode(script) == result.text
+    seq, _, chunks, _ = run(tokenizer, script, max_tokens=len(script), stream=True, stream_interval=interval)
+    assert "".join(c.text for c in chunks) == tokenizer.decode(script) == seq.generation().text
     assert [i for c in chunks for i in c.ids] == script
+    assert all(len(c.ids) == interval for c in chunks[:-1])
 
 
 def test_non_streamed_text_includes_the_prompt_unless_excluded(tokenizer):
-    result, _, _ = run(tokenizer, [5, 6], max_tokens=2)
-    assert result.text.startswith("hello world")
-    result, _, _ = run(tokenizer, [5, 6], max_tokens=2, exclude_input_in_output=True)
-    assert result.text == tokenizer.decode([5, 6])
+    seq, _, chunks, _ = run(tokenizer, [5, 6], max_tokens=2)
+    assert seq.generation().text.startswith(PROMPT) and chunks == []
+    seq, _, _, _ = run(tokenizer, [5, 6], max_tokens=2, exclude_input_in_output=True)
+    assert seq.generation().text == tokenizer.decode([5, 6])
+
+
+def test_concurrent_sequences_share_each_step_and_join_and_leave(tokenizer):
+    steps = ScriptedSteps({0: [5] * 6, 1: [6, tokenizer.eos_id], 2: [7] * 6})
+    first = sequences(tokenizer, steps, count=2, max_tokens=6)
+    late = sequences(tokenizer, steps, max_tokens=3)[0]
+    steps.index_of[late.seq_id] = 2
+    scheduler = StepScheduler(steps.step, steps.release)
+
+    async def both():
+        early = asyncio.ensure_future(scheduler.run(first, lambda s, c: None))
+        while len(steps.batches) < 2:
+            await asyncio.sleep(0)
+        await scheduler.run([late], lambda s, c: None)
+        await early
+
+    asyncio.run(both())
+    rows = [sorted(steps.index_of[c.seq_id] for c in batch) for batch in steps.batches]
+    assert rows[:2] == [[0, 1], [0, 1]]  # together from the start; 1 ends with eos at its second step
+    assert [0, 2] in rows and all(len(r) <= 2 for r in rows[2:])  # the late one joins, the ended one left
+    assert late.ids == [7, 7, 7] and first[0].ids == [5] * 6 and first[1].generation().finish_reason == "eos"
+    assert first[1].seq_id in steps.released
+    assert scheduler.steps == len(steps.batches)
+
+
+def test_a_failed_row_fails_only_its_sequence(tokenizer):
+    steps = ScriptedSteps({0: [5, 5, 5], 1: [6, InvalidRequest("row refused"), 6]})
+    seqs = sequences(tokenizer, steps, count=2, max_tokens=3)
+    asyncio.run(StepScheduler(steps.step, steps.release).run(seqs, lambda s, c: None))
+    assert seqs[0].error is None and seqs[0].ids == [5, 5, 5]
+    assert str(seqs[1].error) == "row refused" and seqs[1].ids == [6]
+    assert steps.released == [seqs[1].seq_id]
+
+
+def test_a_failed_batch_fails_its_rows_and_the_scheduler_goes_on(tokenizer):
+    steps = ScriptedSteps({0: [5, 5, 5], 1: [6, 6, 6]}, fail_batch_at=2)
+    seqs = sequences(tokenizer, steps, count=2, max_tokens=3)
+    scheduler = StepScheduler(steps.step, steps.release)
+    asyncio.run(scheduler.run(seqs, lambda s, c: None))
+    assert all(str(s.error) == "the whole step failed" for s in seqs)
+    assert sorted(steps.released) == sorted(s.seq_id for s in seqs)
+    steps = ScriptedSteps({0: [5, 5]})
+    after = sequences(tokenizer, steps, max_tokens=2)
+    asyncio.run(StepScheduler(steps.step, steps.release).run(after, lambda s, c: None))
+    assert after[0].ids == [5, 5]
+
+
+def test_a_failed_send_fails_only_its_sequence(tokenizer):
+    steps = ScriptedSteps({0: [5] * 4, 1: [6] * 4})
+    seqs = sequences(tokenizer, steps, count=2, max_tokens=4, stream=True)
+
+    def emit(seq, chunk):
+        if seq is seqs[1]:
+            raise ConnectionError("client gone")
+
+    asyncio.run(StepScheduler(steps.step, steps.release).run(seqs, emit))
+    assert seqs[0].ids == [5] * 4 and isinstance(seqs[1].error, ConnectionError)
+
+
+def test_batches_are_split_at_max_batch(tokenizer):
+    steps = ScriptedSteps({i: [5, 5] for i in range(5)})
+    seqs = sequences(tokenizer, steps, count=5, max_tokens=2)
+    asyncio.run(StepScheduler(steps.step, steps.release, max_batch=2).run(seqs, lambda s, c: None))
+    assert [len(b) for b in steps.batches] == [2, 2, 1, 2, 2, 1]
+    assert all(s.ids == [5, 5] for s in seqs)
 
 
 def test_log_probs_degrade_to_the_checked_path():
@@ -139,20 +248,20 @@ def test_context_limit_names_the_allowed_max_tokens():
 
 
 def test_admission_queues_then_refuses_at_once():
-    from zerocheck.generate.service import GenerateService
-    from zerocheck.serving.inputs import Overloaded
-
-    service = GenerateService(None, None, Limits(), max_active=1, max_queue=1, queue_timeout_s=0.05)
-    service.reserve()
-    service.reserve()  # one active + one queued fit
-    with pytest.raises(Overloaded, match="retry later"):
+    async def scenario():
+        service = GenerateService(None, None, Limits(), max_active=1, max_queue=1, queue_timeout_s=0.05)
         service.reserve()
-    with service.admission():
-        assert service.active == 1
-        with pytest.raises(Overloaded, match="no KV cache slot freed"):
-            with service.admission():  # the queued one times out while the slot is held
-                pass
-    assert service.active == 0
-    service.reserve()  # capacity is back
-    with pytest.raises(InvalidRequest, match="num_return_sequences must be <= 1"):
-        service.reserve(2)
+        service.reserve()  # one active + one queued fit
+        with pytest.raises(Overloaded, match="retry later"):
+            service.reserve()
+        async with service.admission():
+            assert service.active == 1
+            with pytest.raises(Overloaded, match="no KV cache slot freed"):
+                async with service.admission():  # the queued one times out while the slot is held
+                    pass
+        assert service.active == 0
+        service.reserve()  # capacity is back
+        with pytest.raises(InvalidRequest, match="num_return_sequences must be <= 1"):
+            service.reserve(2)
+
+    asyncio.run(scenario())

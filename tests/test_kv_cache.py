@@ -68,7 +68,7 @@ def test_mixed_prefill_and_decode_rows_match_recomputation(engine: DecoderEngine
     history["b"] += [12, 13, 14]
     for _ in range(3):
         result = engine.step(rows)
-        assert result.errors == [None, None, None]
+        assert result.messages == [None, None, None]
         for row, logits in zip(rows, result.logits):
             torch.testing.assert_close(logits, full_logits(model, history[row.seq_id]), atol=1e-4, rtol=0)
         next_tokens = [int(logits.argmax()) for logits in result.logits]
@@ -82,7 +82,7 @@ def test_end_releases_and_slots_are_reused(engine: DecoderEngine, model: Transfo
     for round_ in range(6):  # more sequences than the 4 slots, one after another
         ids = [round_ + 1, 50, 60]
         result = engine.step([StepRequest(f"seq{round_}", ids, start=True, end=True)])
-        assert result.errors == [None]
+        assert result.messages == [None]
         torch.testing.assert_close(result.logits[0], full_logits(model, ids), atol=1e-4, rtol=0)
         assert engine.pool.in_use == 0
 
@@ -90,18 +90,18 @@ def test_end_releases_and_slots_are_reused(engine: DecoderEngine, model: Transfo
 def test_pool_full(engine: DecoderEngine) -> None:
     engine.step([StepRequest(f"s{i}", [1, 2], True, False) for i in range(4)])
     result = engine.step([StepRequest("late", [1], True, False), StepRequest("s0", [3], False, False)])
-    assert result.errors == ["KV cache pool full: 4/4 slots in use", None]
+    assert result.messages == ["KV cache pool full: 4/4 slots in use", None]
     engine.release("s0")
     engine.release("s0")  # not held any more: no error
-    assert engine.step([StepRequest("late", [1], True, False)]).errors == [None]
+    assert engine.step([StepRequest("late", [1], True, False)]).messages == [None]
 
 
 def test_sequence_too_long(engine: DecoderEngine) -> None:
     result = engine.step([StepRequest("abc", list(range(33)), True, False), StepRequest("ok", [1], True, False)])
-    assert result.errors == ["sequence 'abc' would reach 33 tokens, max_seq_len is 32", None]
+    assert result.messages == ["sequence 'abc' would reach 33 tokens, max_seq_len is 32", None]
     engine.step([StepRequest("x", list(range(31)), True, False)])
-    assert engine.step([StepRequest("x", [1], False, False)]).errors == [None]
-    assert engine.step([StepRequest("x", [1], False, False)]).errors == [
+    assert engine.step([StepRequest("x", [1], False, False)]).messages == [None]
+    assert engine.step([StepRequest("x", [1], False, False)]).messages == [
         "sequence 'x' would reach 33 tokens, max_seq_len is 32"
     ]
     assert issubclass(PoolFullError, DecoderError) and issubclass(SequenceTooLongError, DecoderError)
@@ -115,14 +115,37 @@ def test_bad_rows_do_not_disturb_good_rows(engine: DecoderEngine, model: Transfo
         StepRequest("oov", [512], True, False),
         StepRequest("good", [7], False, False),
     ])
-    assert result.errors[0].startswith("sequence 'ghost' holds no KV cache slot")
-    assert result.errors[1:] == [None, "sequence 'empty': tokens is empty", "sequence 'oov': token id 512 outside [0, 512)",
+    assert result.messages[0].startswith("sequence 'ghost' holds no KV cache slot")
+    assert result.messages[1:] == [None, "sequence 'empty': tokens is empty", "sequence 'oov': token id 512 outside [0, 512)",
                                  "sequence 'good' appears more than once in one step"]
     torch.testing.assert_close(result.logits[1], full_logits(model, [4, 5, 6]), atol=1e-4, rtol=0)
     assert engine.pool.in_use == 1
-    assert engine.step([StepRequest("good", [4], True, False)]).errors == [
+    assert engine.step([StepRequest("good", [4], True, False)]).messages == [
         "sequence 'good' is already started; release it before starting again"
     ]
+
+
+def test_a_failed_forward_fails_only_its_rows(artifacts: Path, model: Transformer) -> None:
+    """The fault knob fails every forward holding token 13: the batch falls back to one forward per
+    row, so the good rows get their logits and the KV caches stay consistent."""
+    engine = load_decoder(artifacts, backend="torch", max_slots=4, fail_token=13)
+    engine.step([StepRequest("good", [4, 5], True, False), StepRequest("bad", [6, 7], True, False)])
+    result = engine.step([StepRequest("good", [8], False, False), StepRequest("bad", [13], False, False),
+                          StepRequest("new", [13, 2], True, False), StepRequest("fresh", [3, 4], True, False)])
+    fault = "test fault: token 13 in a step's input"
+    assert result.messages == [None, fault, fault, None]
+    torch.testing.assert_close(result.logits[0], full_logits(model, [4, 5, 8]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(result.logits[3], full_logits(model, [3, 4]), atol=1e-4, rtol=0)
+    assert engine.pool.state("new") is None and engine.pool.state("bad").length == 2  # nothing written
+    result = engine.step([StepRequest("good", [9], False, False), StepRequest("bad", [1], False, True)])
+    torch.testing.assert_close(result.logits[1], full_logits(model, [6, 7, 1]), atol=1e-4, rtol=0)
+    assert engine.pool.state("bad") is None and result.messages == [None, None]
+
+
+def test_release_only_rows(engine: DecoderEngine) -> None:
+    engine.step([StepRequest("a", [1, 2], True, False)])
+    result = engine.step([StepRequest("a", [], False, True), StepRequest("never", [], False, True)])
+    assert result.messages == [None, None] and engine.pool.in_use == 0
 
 
 def test_idle_reclaim() -> None:
@@ -145,8 +168,8 @@ def test_engine_reclaims_idle_sequences_before_a_step(artifacts: Path) -> None:
     engine.pool.clock = clock
     engine.step([StepRequest("stale", [1], True, False)])
     clock.now = 31.0
-    assert engine.step([StepRequest("fresh", [1], True, False)]).errors == [None]
-    assert engine.step([StepRequest("stale", [2], False, False)]).errors[0].startswith("sequence 'stale' holds no KV")
+    assert engine.step([StepRequest("fresh", [1], True, False)]).messages == [None]
+    assert engine.step([StepRequest("stale", [2], False, False)]).messages[0].startswith("sequence 'stale' holds no KV")
 
 
 def test_nbytes_is_what_the_config_implies(engine: DecoderEngine) -> None:

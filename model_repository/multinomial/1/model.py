@@ -4,38 +4,38 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.checked import draw_sorted
-
 from zerocheck.serving.inputs import InvalidRequest
 from zerocheck.serving.sampler_inputs import check_token_ids, gather_batch, refuse_nan, respond
 from zerocheck.serving.triton import ModelConfig
 
 
-def sorted_ids_of(request) -> np.ndarray:
-    tensor = pb_utils.get_input_tensor_by_name(request, "sorted_ids")
+def sorted_ids_of(present) -> np.ndarray:
+    tensor = present.get("sorted_ids")
     return tensor.as_numpy() if tensor is not None else np.zeros((0, 0), np.int32)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.vocab_size = ModelConfig(args).vocab_size()
-        probs_ok = refuse_nan("sorted_probs", probabilities=True)
+        self.probs_ok = refuse_nan("sorted_probs", probabilities=True)
 
-        def check(request, values):
-            probs_ok(request, values)
-            ids = sorted_ids_of(request)
-            if ids.shape != tuple(values["sorted_probs"].shape):
-                raise InvalidRequest(f"sorted_ids must have the shape of sorted_probs {list(values['sorted_probs'].shape)}, "
-                                     f"got {list(ids.shape)}")
-            check_token_ids("sorted_ids", ids, self.vocab_size)
-
-        self.check = check
+    def check(self, present, values):
+        """Also keeps each request's sorted ids, in request order, for `draw`."""
+        self.probs_ok(present, values)
+        ids = sorted_ids_of(present)
+        if ids.shape != tuple(values["sorted_probs"].shape):
+            raise InvalidRequest(f"sorted_ids must have the shape of sorted_probs {list(values['sorted_probs'].shape)}, "
+                                 f"got {list(ids.shape)}")
+        check_token_ids("sorted_ids", ids, self.vocab_size)
+        self.sorted_ids.append(ids)
 
     def execute(self, requests):
-        batch = gather_batch(pb_utils, requests, ["sorted_probs"], self.vocab_size, self.check)
-        return respond(pb_utils, batch, lambda b: self.draw(b, requests))
+        self.sorted_ids = []
+        return respond(pb_utils, gather_batch(pb_utils, requests, ["sorted_probs"], self.vocab_size, self.check),
+                       self.draw)
 
-    def draw(self, batch, requests):
-        order = torch.from_numpy(np.concatenate([sorted_ids_of(requests[i]) for i in batch.indices]))
+    def draw(self, batch):
+        order = torch.from_numpy(np.concatenate(self.sorted_ids))
         tokens, log_probs = draw_sorted(batch.tensors["sorted_probs"].float(), order.long(), batch.params, batch.steps)
         return {"output_id": tokens.to(torch.int32).numpy().reshape(-1, 1),
                 "output_log_prob": log_probs.numpy().reshape(-1, 1)}, [None] * len(batch.rows)

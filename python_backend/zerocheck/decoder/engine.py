@@ -1,8 +1,8 @@
 """`DecoderEngine.step`: one batched forward for many sequences, each with its own KV cache slot.
 
-Rows may mix prefill (the whole prompt, `start=True`) and decode (one or more new tokens). Rows are
-padded to the longest T; each row has its own positions and an attention mask over its cached
-positions plus the causal part of its new tokens.
+Rows may mix prefill (the whole prompt, `start=True`) and decode (one or more new tokens). Rows of
+one forward are padded to the longest T; each row has its own positions and an attention mask over
+its cached positions plus the causal part of its new tokens.
 """
 from __future__ import annotations
 
@@ -28,59 +28,81 @@ DEFAULT_BACKEND = "onnxruntime"  # faster than torch on the 2-core CPU, summed o
 @dataclass
 class StepRequest:
     seq_id: str
-    tokens: list[int]  # the whole prompt when start, else the new token(s)
+    tokens: list[int]  # the whole prompt when start, else the new token(s); empty with end: release only
     start: bool
     end: bool
 
 
 @dataclass
 class StepResult:
-    logits: torch.Tensor  # [B, V] float32, next-token logits at each row's last position
-    errors: list[str | None]  # per row; rows with an error have undefined logits
+    logits: torch.Tensor  # [B, V] float32, next-token logits at each row's last position (zeros on error rows)
+    errors: list[Exception | None]  # per row: DecoderError (refused) or what its forward raised
+
+    @property
+    def messages(self) -> list[str | None]:
+        return [None if error is None else str(error) for error in self.errors]
+
+
+class InjectedFault(RuntimeError):
+    """test-only: raised by a forward whose tokens hold the engine's `fail_token`."""
 
 
 @dataclass
 class _Row:
     index: int  # row in the request batch
+    seq_id: str
     held: SlotState
     tokens: list[int]
-    end: bool
+    start: bool
 
 
 class DecoderEngine:
-    def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str) -> None:
+    def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str,
+                 fail_token: int = -1) -> None:
         self.config, self.pool, self.backend = config, pool, backend
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
+        self.fail_token = fail_token
 
     def step(self, requests: Sequence[StepRequest]) -> StepResult:
-        """Run one batched forward; `end=True` rows release their slot after their logits are computed."""
+        """Run the rows of one batched step; a row's failure is its own (see `_run`). Single-token
+        rows (decode) and longer ones (prefill) run as separate forwards, so a prompt does not pad
+        every decode row to its length. `end=True` rows release their slot afterwards."""
         self.pool.reclaim_idle()
-        errors: list[str | None] = [None] * len(requests)
+        errors: list[Exception | None] = [None] * len(requests)
         rows: list[_Row] = []
         seen: set[str] = set()
         for index, request in enumerate(requests):
+            if request.end and not request.tokens:  # release only
+                self.pool.release(request.seq_id)
+                continue
             try:
-                rows.append(_Row(index, self._admit(request, seen), list(request.tokens), request.end))
+                rows.append(_Row(index, request.seq_id, self._admit(request, seen), list(request.tokens), request.start))
             except DecoderError as error:
-                errors[index] = str(error)
-                if request.end:
-                    self.pool.release(request.seq_id)
+                errors[index] = error
             seen.add(request.seq_id)
         logits = torch.zeros(len(requests), self.vocab_size, dtype=torch.float32)
-        if rows:
-            try:
-                row_logits = self._forward(rows)
-            except Exception:
-                for row, request in ((r, requests[r.index]) for r in rows):
-                    if request.start:
-                        self.pool.release(request.seq_id)
-                raise
-            logits[[row.index for row in rows]] = row_logits
-            for row in rows:
-                if row.end:
-                    self.pool.release(requests[row.index].seq_id)
+        for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
+            if group:
+                self._run(group, logits, errors)
+        for request in requests:
+            if request.end:
+                self.pool.release(request.seq_id)
         return StepResult(logits=logits, errors=errors)
+
+    def _run(self, rows: list[_Row], logits: torch.Tensor, errors: list[Exception | None]) -> None:
+        """One forward for `rows`; when it raises, each row runs alone, so only the rows that fail
+        alone get the error (a failed forward writes no KV cache, so a row may run again)."""
+        try:
+            logits[[row.index for row in rows]] = self._forward(rows)
+        except Exception as error:
+            if len(rows) > 1:
+                for row in rows:
+                    self._run([row], logits, errors)
+                return
+            errors[rows[0].index] = error
+            if rows[0].start:
+                self.pool.release(rows[0].seq_id)
 
     def release(self, seq_id: str) -> None:
         """Cancellation: free the slot of `seq_id` if held; no error if not held."""
@@ -112,14 +134,14 @@ class DecoderEngine:
         lengths = torch.tensor([row.held.length for row in rows])
         counts = torch.tensor([len(row.tokens) for row in rows])
         t, p = int(counts.max()), max(1, int(lengths.max()))
-        tokens = torch.zeros(len(rows), t, dtype=torch.long)
-        for b, row in enumerate(rows):
-            tokens[b, : len(row.tokens)] = torch.tensor(row.tokens)
+        tokens = torch.tensor([row.tokens + [0] * (t - len(row.tokens)) for row in rows], dtype=torch.long)
         steps = torch.arange(t)
         positions = lengths[:, None] + steps[None, :]
         past_visible = torch.arange(p)[None, None, :] < lengths[:, None, None]  # [B, 1, P]
         new_visible = (steps[None, :] <= steps[:, None])[None] & (steps[None, None, :] < counts[:, None, None])
         mask = torch.cat([past_visible.expand(-1, t, -1), new_visible], dim=-1)  # [B, T, P+T]
+        if self.fail_token >= 0 and bool((tokens == self.fail_token).any()):
+            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
         past_keys, past_values = self.pool.gather([row.held.slot for row in rows], p)
         logits, new_keys, new_values = self._step_fn(tokens, positions, mask, counts - 1, past_keys, past_values)
         for b, row in enumerate(rows):
@@ -142,11 +164,13 @@ def load_decoder(
     max_seq_len: int | None = None,
     idle_timeout_s: float = 60.0,
     num_threads: int | None = None,
+    fail_token: int = -1,
 ) -> DecoderEngine:
     """Load the decoder built by build_engines.py; the backend is chosen here, once.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
-    max_position_embeddings. Prints the KV pool size.
+    max_position_embeddings. Prints the KV pool size. fail_token >= 0 (test-only) makes every forward
+    whose tokens hold that id raise InjectedFault.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -168,4 +192,4 @@ def load_decoder(
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s)
     print(f"decoder ({backend}): {pool.describe()}")
-    return DecoderEngine(config, step_fn, pool, backend)
+    return DecoderEngine(config, step_fn, pool, backend, fail_token)

@@ -1,21 +1,24 @@
 """What the decoupled `generate` model does with one request, without Triton.
 
-`GenerateService.prepare` validates and tokenizes (errors: `InvalidRequest`), `admission` bounds
-concurrent sequences to the KV-cache slots plus a bounded queue (beyond it: `Overloaded` at once),
-`serve` runs the generation loop(s) and hands every response to `send` as output arrays. The
-`generate/1/model.py` adapter injects the BLS step, the sender and the cancellation check.
+`GenerateService.prepare` validates and tokenizes (errors: `InvalidRequest`), `reserve` and
+`admission` bound concurrent sequences to the KV-cache slots plus a bounded queue (beyond it:
+`Overloaded` at once), `serve` runs the request's sequences through the step scheduler and hands
+every response to `send` as output arrays. Everything but `prepare` and `reserve` runs on the
+asyncio event loop of the model; the `generate/1/model.py` adapter injects the BLS calls, the
+sender and the cancellation check.
 """
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable
 
 import numpy as np
 
-from zerocheck.generate.loop import CHECKED, ZERO_CHECK, Chunk, Generation, GenerationLoop, choose_path
+from zerocheck.generate.scheduler import StepScheduler
+from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Chunk, Generation, Sequence, choose_path
 from zerocheck.serving.inputs import GenerateRequest, InvalidRequest, Limits, Overloaded, check_context, \
     parse_generate_request
 from zerocheck.tokenizer import TextTokenizer
@@ -65,16 +68,15 @@ def response_arrays(prepared: Prepared, text: str, ids: list[int], log_probs: li
 
 
 class GenerateService:
-    """Validation, admission control and the generation loop for the `generate` model."""
+    """Validation, admission control and generation for the `generate` model."""
 
-    def __init__(self, tokenizer: TextTokenizer, loop: GenerationLoop, limits: Limits, max_active: int,
+    def __init__(self, tokenizer: TextTokenizer, scheduler: StepScheduler | None, limits: Limits, max_active: int,
                  max_queue: int, queue_timeout_s: float = 30.0) -> None:
         self.tokenizer = tokenizer
-        self.loop = loop
+        self.scheduler = scheduler
         self.limits = limits
         self.max_active, self.max_queue, self.queue_timeout_s = max_active, max_queue, queue_timeout_s
-        self._slots = threading.BoundedSemaphore(max_active)
-        self._lock = threading.Lock()
+        self._slots = asyncio.Semaphore(max_active)
         self._waiting = 0
         self.active = 0
 
@@ -92,71 +94,61 @@ class GenerateService:
 
     def reserve(self, sequences: int = 1) -> None:
         """Count a request as queued, or refuse it at once (Overloaded) when slots and queue are full:
-        called as the request arrives, before it waits for a worker thread; `admission` follows."""
+        called as the request arrives; `admission` follows."""
         if sequences > self.max_active:
             raise InvalidRequest(f"num_return_sequences must be <= {self.max_active} (the KV cache slots)")
-        with self._lock:
-            if self.active + self._waiting + sequences > self.max_active + self.max_queue:
-                raise Overloaded(f"overloaded: {self.active}/{self.max_active} sequences active and "
-                                 f"{self._waiting}/{self.max_queue} queued; retry later")
-            self._waiting += sequences
+        if self.active + self._waiting + sequences > self.max_active + self.max_queue:
+            raise Overloaded(f"overloaded: {self.active}/{self.max_active} sequences active and "
+                             f"{self._waiting}/{self.max_queue} queued; retry later")
+        self._waiting += sequences
 
-    @contextmanager
-    def admission(self, sequences: int = 1) -> Iterator[None]:
+    @asynccontextmanager
+    async def admission(self, sequences: int = 1) -> AsyncIterator[None]:
         """For a `reserve`d request: wait for `sequences` KV slots (Overloaded after queue_timeout_s)
         and hold them for the block."""
         taken = 0
         try:
             deadline = time.monotonic() + self.queue_timeout_s
             for _ in range(sequences):
-                if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                    raise Overloaded(f"overloaded: no KV cache slot freed within {self.queue_timeout_s:g} s; retry later")
+                try:
+                    await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise Overloaded(f"overloaded: no KV cache slot freed within {self.queue_timeout_s:g} s; "
+                                     "retry later") from None
                 taken += 1
         finally:
-            with self._lock:
-                self._waiting -= sequences
-                self.active += taken
+            self._waiting -= sequences
+            self.active += taken
         try:
             yield
         finally:
-            with self._lock:
-                self.active -= taken
+            self.active -= taken
             for _ in range(taken):
                 self._slots.release()
 
-    def serve(self, prepared: Prepared, send: Callable[[dict[str, np.ndarray]], None],
-              run_parallel: Callable[[list[Callable[[], None]]], None], context: object = None) -> list[Generation]:
-        """Run every requested sequence; streamed chunks and final responses go to `send`.
-        run_parallel runs the per-sequence jobs (threads in the server); `context` reaches every step."""
+    async def serve(self, prepared: Prepared, send: Callable[[dict[str, np.ndarray]], None],
+                    cancelled: Callable[[], bool] = lambda: False) -> list[Generation]:
+        """Generate every requested sequence; streamed chunks and each sequence's final response go to
+        `send`. Raises the error of the first sequence that failed, once all have ended."""
         request = prepared.request
-        results: list[Generation | None] = [None] * request.num_return_sequences
-        send_lock = threading.Lock()
+        sequences = [Sequence(self.tokenizer, request, prepared.prompt_ids, prepared.path, self.limits.max_context,
+                              index, cancelled) for index in range(request.num_return_sequences)]
 
-        def locked_send(arrays: dict[str, np.ndarray]) -> None:
-            with send_lock:
-                send(arrays)
+        def emit(seq: Sequence, chunk: Chunk | None) -> None:
+            if chunk is not None:
+                send(response_arrays(prepared, chunk.text, chunk.ids, chunk.log_probs, seq.index, len(seq.ids), "", None))
+                return
+            generation = seq.generation()
+            streamed = request.stream
+            send(response_arrays(prepared, "" if streamed else generation.text, [] if streamed else generation.ids,
+                                 [] if streamed else generation.log_probs, seq.index, generation.completion_tokens,
+                                 generation.finish_reason, generation))
 
-        def job(index: int) -> Callable[[], None]:
-            def run() -> None:
-                produced = [0]
-
-                def emit(chunk: Chunk) -> None:
-                    produced[0] += len(chunk.ids)
-                    locked_send(response_arrays(prepared, chunk.text, chunk.ids, chunk.log_probs, index, produced[0],
-                                                "", None))
-
-                generation = self.loop.run(request, prepared.prompt_ids, prepared.path,
-                                           emit if request.stream else None, seed_offset=index, context=context)
-                results[index] = generation
-                final_text = "" if request.stream else generation.text
-                final_ids = [] if request.stream else generation.ids
-                final_log_probs = [] if request.stream else generation.log_probs
-                locked_send(response_arrays(prepared, final_text, final_ids, final_log_probs, index,
-                                            generation.completion_tokens, generation.finish_reason, generation))
-            return run
-
-        run_parallel([job(i) for i in range(request.num_return_sequences)])
-        return [r for r in results if r is not None]
+        await self.scheduler.run(sequences, emit)
+        failed = next((seq.error for seq in sequences if seq.error is not None), None)
+        if failed is not None:
+            raise failed
+        return [seq.generation() for seq in sequences]
 
 
 __all__ = ["CHECKED", "OUTPUTS", "GenerateService", "Prepared", "ZERO_CHECK", "response_arrays"]

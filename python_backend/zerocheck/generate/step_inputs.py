@@ -1,46 +1,80 @@
-"""The tensors of one BLS call to a step ensemble (`zero_check_step` / `checked_step`).
+"""The tensors of one batched BLS call to a step ensemble (`zero_check_step` / `checked_step`), and
+of a KV-slot release to `decoder`.
 
-Every array has the leading batch dimension of size 1 that the ensembles' `max_batch_size`
-implies. History is sent only when penalties or bad words need it (the loop decides), so a plain
-decode step moves a handful of scalars and one token id.
+Row r of every array is the r-th sequence of the step. Ragged id rows (the prompt of a sequence that
+just arrived beside one token of the others, histories, logit-bias ids) are padded at the end with
+-1. Optional inputs are sent only when some row needs them (a sampling knob off its default,
+history for penalties or bad words), so a plain decode step moves a handful of scalars per row.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from zerocheck.generate.loop import ZERO_CHECK, StepCall
+from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, StepCall, StepOutput
 from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.sampler_inputs import encode_word_list
+from zerocheck.serving.row_errors import row_error
+from zerocheck.serving.sampler_inputs import PAD, encode_word_lists
 
-STEP_MODELS = {ZERO_CHECK: "zero_check_step", "checked": "checked_step"}
+STEP_MODELS = {ZERO_CHECK: "zero_check_step", CHECKED: "checked_step"}
 _NUMPY_OF = {float: np.float32, int: np.int32}
 
 
-def step_arrays(call: StepCall) -> dict[str, np.ndarray]:
-    """name -> numpy array for one step of one sequence."""
-    p = call.sampling
+def padded(rows: Sequence[Sequence[float]], dtype: type, fill: float = PAD) -> np.ndarray:
+    """Ragged rows -> [R, max length] (at least 1 column), padded at the end with `fill`."""
+    array = np.full((len(rows), max([len(row) for row in rows] + [1])), fill, dtype=dtype)
+    for r, row in enumerate(rows):
+        array[r, :len(row)] = row
+    return array
+
+
+def column(values: Sequence, dtype: type) -> np.ndarray:
+    """One value per row -> [R, 1]."""
+    return np.array(values, dtype=dtype).reshape(-1, 1)
+
+
+def step_arrays(calls: Sequence[StepCall]) -> dict[str, np.ndarray]:
+    """name -> numpy array for one batched step; row r is calls[r]."""
+    params = [call.sampling for call in calls]
     arrays = {
-        "sequence_id": np.array([[call.seq_id.encode()]], dtype=object),
-        "input_ids": np.array([call.tokens], dtype=np.int32),
-        "sequence_start": np.array([[call.start]], dtype=bool),
-        "sequence_end": np.array([[call.end]], dtype=bool),
-        "step": np.array([[call.step]], dtype=np.int32),
+        "sequence_id": column([call.seq_id.encode() for call in calls], object),
+        "input_ids": padded([call.tokens for call in calls], np.int32),
+        "sequence_start": column([call.start for call in calls], bool),
+        "sequence_end": column([call.end for call in calls], bool),
+        "step": column([call.step for call in calls], np.int32),
     }
     for spec in SAMPLING_PARAMETERS:
-        value = getattr(p, spec.name)
-        if value != spec.default:
-            arrays[spec.name] = np.array([[value]], dtype=_NUMPY_OF[spec.kind])
-    if p.seed is not None:
-        arrays["random_seed"] = np.array([[p.seed]], dtype=np.uint64)
-    if call.history is not None:
-        arrays["history"] = np.array([call.history], dtype=np.int32)
-    if p.bad_words:
-        arrays["bad_words"] = encode_word_list(p.bad_words)
-    if p.logit_bias:
-        arrays["logit_bias_ids"] = np.array([[t for t, _ in p.logit_bias]], dtype=np.int32)
-        arrays["logit_bias_values"] = np.array([[b for _, b in p.logit_bias]], dtype=np.float32)
+        values = [getattr(p, spec.name) for p in params]
+        if any(value != spec.default for value in values):
+            arrays[spec.name] = column(values, _NUMPY_OF[spec.kind])
+    if any(p.seed is not None for p in params):
+        arrays["random_seed"] = column([p.seed for p in params], np.uint64)
+    if any(call.history is not None for call in calls):
+        arrays["history"] = padded([call.history or [] for call in calls], np.int32)
+    if any(p.bad_words for p in params):
+        arrays["bad_words"] = encode_word_lists([p.bad_words for p in params])
+    if any(p.logit_bias for p in params):
+        arrays["logit_bias_ids"] = padded([[t for t, _ in p.logit_bias] for p in params], np.int32)
+        arrays["logit_bias_values"] = padded([[b for _, b in p.logit_bias] for p in params], np.float32, 0.0)
     return arrays
 
 
-def step_outputs(call: StepCall) -> list[str]:
-    return ["output_id", "output_log_prob"] if call.path != ZERO_CHECK else ["output_id"]
+def step_outputs(path: str) -> list[str]:
+    return ["output_id", "decoder_error"] + (["output_log_prob"] if path == CHECKED else [])
+
+
+def step_results(outputs: dict[str, np.ndarray], rows: int) -> list[StepOutput | Exception]:
+    """Per row, the sampled token (and log-probability), or the error the decoder reported for it."""
+    tokens = outputs["output_id"].reshape(-1).tolist()
+    errors = outputs["decoder_error"].reshape(-1).tolist() if "decoder_error" in outputs else [""] * rows
+    log_probs = outputs["output_log_prob"].reshape(-1).tolist() if "output_log_prob" in outputs else [None] * rows
+    return [row_error(error) or StepOutput(token, log_prob) for token, error, log_prob in zip(tokens, errors, log_probs)]
+
+
+def release_arrays(seq_ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """A `decoder` request that only frees the KV slots of `seq_ids` (rows with no tokens, sequence_end)."""
+    return {"sequence_id": column([seq_id.encode() for seq_id in seq_ids], object),
+            "input_ids": np.full((len(seq_ids), 1), PAD, np.int32),
+            "sequence_start": column([False] * len(seq_ids), bool),
+            "sequence_end": column([True] * len(seq_ids), bool)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerocheck.generate.loop import CHECKED, ZERO_CHECK, Generation
+from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Generation
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]

@@ -1,14 +1,17 @@
 """Inputs of the sampler models (`zero_check_sampler` and the checked chain), parsed in one place.
 
-Every sampler model takes, besides its tensor ([1, V] logits or probabilities), the optional scalar
-inputs of `SAMPLING_PARAMETERS`, `random_seed` (UINT64), `step` (INT32), `history` (INT32 [1, N]:
-prompt + generated ids, for penalties and bad words), `bad_words` (INT32 [1, 2, N] in
-tensorrtllm_backend's word-list format: flattened ids, then end offsets padded with -1) and
-`logit_bias_ids` / `logit_bias_values` ([1, N] INT32 / FP32).
+A request holds R rows (R >= 1, the leading dimension; the batched decode step of `generate` sends
+every active sequence as one request). Besides its tensor ([R, V] logits or probabilities), every
+sampler model takes the optional scalar inputs of `SAMPLING_PARAMETERS`, `random_seed` (UINT64),
+`step` (INT32), all [R, 1]; `history` (INT32 [R, N]: prompt + generated ids, for penalties and bad
+words), `bad_words` (INT32 [R, 2, N] in tensorrtllm_backend's word-list format: flattened ids, then
+end offsets padded with -1) and `logit_bias_ids` / `logit_bias_values` ([R, N] INT32 / FP32).
+Ragged id rows are padded at their end with -1.
+A request is answered as a whole: a bad row fails its request, with a message naming the row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,39 +19,43 @@ import torch
 
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
 from zerocheck.serving.inputs import InvalidRequest
-from zerocheck.serving.triton import error_response, scalar_inputs
+from zerocheck.serving.triton import error_response
 
 SCALARS = {spec.name: (spec.default, spec.kind) for spec in SAMPLING_PARAMETERS}
 SCALARS.update(random_seed=(None, int), step=(0, int))
 MAX_HISTORY = 1 << 16
 MAX_STEP = 2**31 - 1
+PAD = -1
 
 
 @dataclass
 class SamplerRow:
-    """One request of a sampler batch."""
+    """One row of a sampler batch."""
 
     params: SamplingParams
     history: list[int]
     step: int
 
 
-def encode_word_list(words: Sequence[Sequence[int]]) -> np.ndarray:
-    """Token-id sequences -> INT32 [1, 2, N] (ids row, end-offsets row padded with -1)."""
-    flat = [t for word in words for t in word]
-    offsets = np.cumsum([len(word) for word in words]).tolist()
-    width = max(len(flat), 1)
-    array = np.full((1, 2, width), -1, dtype=np.int32)
-    array[0, 0, :len(flat)] = flat
-    array[0, 1, :len(offsets)] = offsets
+def encode_word_lists(rows: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Per row, token-id sequences -> INT32 [R, 2, N] (ids row, end-offsets row; both padded with -1)."""
+    flats = [[t for word in words for t in word] for words in rows]
+    width = max([len(flat) for flat in flats] + [len(words) for words in rows] + [1])
+    array = np.full((len(rows), 2, width), PAD, dtype=np.int32)
+    for r, (words, flat) in enumerate(zip(rows, flats)):
+        array[r, 0, :len(flat)] = flat
+        array[r, 1, :len(words)] = np.cumsum([len(word) for word in words])
     return array
 
 
+def encode_word_list(words: Sequence[Sequence[int]]) -> np.ndarray:
+    """Token-id sequences -> INT32 [1, 2, N] (one row of `encode_word_lists`)."""
+    return encode_word_lists([words])
+
+
 def decode_word_list(array: np.ndarray) -> tuple[tuple[int, ...], ...]:
-    """INT32 [1, 2, N] word list -> token-id sequences (inverse of `encode_word_list`)."""
-    if array.ndim != 3 or array.shape[:2] != (1, 2):
-        raise InvalidRequest(f"bad_words must have shape [1, 2, N], got {list(array.shape)}")
-    ids, offsets = array[0, 0].tolist(), [o for o in array[0, 1].tolist() if o >= 0]
+    """INT32 [2, N] word list of one row -> token-id sequences (inverse of `encode_word_lists`)."""
+    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o >= 0]
     words, begin = [], 0
     for end in offsets:
         if not begin < end <= len(ids):
@@ -65,71 +72,119 @@ def check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None:
                              f"{int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}")
 
 
-def _ids(name: str, array: np.ndarray | None, limit: int, vocab_size: int | None = None) -> list[int]:
+def unpadded(row: np.ndarray) -> np.ndarray:
+    """A 1-D id row without the -1 padding at its end."""
+    if not row.size or row[-1] != PAD:
+        return row
+    kept = np.flatnonzero(row != PAD)
+    return row[:kept[-1] + 1] if kept.size else row[:0]
+
+
+def id_rows(name: str, array: np.ndarray | None, rows: int, limit: int, vocab_size: int | None = None) -> list[np.ndarray]:
+    """Integer [R, N] input (rows padded with -1) -> R id arrays, each checked against the vocabulary."""
     if array is None:
-        return []
-    if array.ndim != 2 or array.shape[0] != 1 or array.dtype.kind not in "iu":
-        raise InvalidRequest(f"{name} must be an integer tensor of shape [1, N], got {array.dtype} {list(array.shape)}")
+        return [np.zeros(0, np.int64)] * rows
+    if array.ndim != 2 or array.shape[0] != rows or array.dtype.kind not in "iu":
+        raise InvalidRequest(f"{name} must be an integer tensor of shape [{rows}, N], got {array.dtype} {list(array.shape)}")
     if array.shape[1] > limit:
         raise InvalidRequest(f"{name} must hold at most {limit} ids, got {array.shape[1]}")
-    check_token_ids(name, array, vocab_size)
-    return array[0].tolist()
+    out = [unpadded(row) for row in array]
+    for ids in out:
+        check_token_ids(name, ids, vocab_size)
+    return out
 
 
-def parse_sampler_row(pb_utils: Any, request: Any, vocab_size: int | None = None) -> SamplerRow:
-    """The sampling inputs of one request; raises InvalidRequest naming the bad input. Token ids
-    (history, bad_words, logit_bias_ids) must lie in [0, vocab_size) when vocab_size is given."""
-    values = scalar_inputs(pb_utils, request, SCALARS)
-    if not 0 <= values["step"] <= MAX_STEP:
-        raise InvalidRequest(f"step must be an integer in [0, {MAX_STEP}], got {values['step']}")
+def row_scalars(present: dict[str, Any], rows: int) -> dict[str, list]:
+    """The [R, 1] scalar inputs of SCALARS, one value per row (defaults where absent)."""
+    values = {}
+    for name, (default, kind) in SCALARS.items():
+        tensor = present.get(name)
+        if tensor is None:
+            values[name] = [default] * rows
+            continue
+        array = tensor.as_numpy()
+        if array.size != rows:
+            raise InvalidRequest(f"{name} must hold one value per row ({rows}), got shape {list(array.shape)}")
+        values[name] = [kind(v) for v in array.reshape(-1).tolist()]
+    return values
+
+
+def with_row(error: Exception, row: int, rows: int) -> Exception:
+    """`error` naming its row when the request has several."""
+    return error if rows == 1 else InvalidRequest(f"row {row}: {error}")
+
+
+def parse_sampler_rows(present: dict[str, Any], rows: int, vocab_size: int | None = None) -> list[SamplerRow]:
+    """The sampling inputs of one request of `rows` rows (`present`: input name -> pb_utils tensor);
+    raises InvalidRequest naming the bad input (and row). Token ids (history, bad_words,
+    logit_bias_ids) must lie in [0, vocab_size) when vocab_size is given."""
+    values = row_scalars(present, rows)
 
     def optional(name: str) -> np.ndarray | None:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensor = present.get(name)
         return None if tensor is None else tensor.as_numpy()
 
     bad = optional("bad_words")
-    if bad is not None and bad.ndim == 3 and bad.shape[:2] == (1, 2):
-        check_token_ids("bad_words", bad[0, 0][bad[0, 0] != -1], vocab_size)
-    bias_ids = _ids("logit_bias_ids", optional("logit_bias_ids"), 1024, vocab_size)
-    bias_values = optional("logit_bias_values")
-    bias_values = [] if bias_values is None else bias_values.reshape(-1).tolist()
-    if len(bias_ids) != len(bias_values):
-        raise InvalidRequest(f"logit_bias_ids has {len(bias_ids)} ids but logit_bias_values has {len(bias_values)}")
-    try:
-        params = SamplingParams(
-            **{name: values[name] for name in SCALARS if name not in ("random_seed", "step")},
-            seed=values["random_seed"], bad_words=decode_word_list(bad) if bad is not None else (),
-            logit_bias=tuple(zip(bias_ids, bias_values)))
-    except SamplingParamError as error:
-        raise InvalidRequest(str(error)) from None
-    return SamplerRow(params, _ids("history", optional("history"), MAX_HISTORY, vocab_size), values["step"])
+    if bad is not None:
+        if bad.ndim != 3 or bad.shape[:2] != (rows, 2) or bad.dtype.kind not in "iu":
+            raise InvalidRequest(f"bad_words must have shape [{rows}, 2, N], got {list(bad.shape)}")
+        check_token_ids("bad_words", bad[:, 0][bad[:, 0] != PAD], vocab_size)
+    histories = id_rows("history", optional("history"), rows, MAX_HISTORY, vocab_size)
+    bias_ids, bias_values = optional("logit_bias_ids"), optional("logit_bias_values")
+    ids_shape = [rows, 0] if bias_ids is None else list(bias_ids.shape)
+    values_shape = [rows, 0] if bias_values is None else list(bias_values.shape)
+    if ids_shape != values_shape:
+        raise InvalidRequest(f"logit_bias_ids has {ids_shape[-1]} ids but logit_bias_values has {values_shape[-1]}"
+                             if rows == 1 else f"logit_bias_ids {ids_shape} and logit_bias_values {values_shape} "
+                             "must have the same shape")
+    bias_ids = id_rows("logit_bias_ids", bias_ids, rows, 1024, vocab_size)
+    bias_values = np.zeros((rows, 0), np.float32) if bias_values is None else bias_values
+    out = []
+    for r in range(rows):
+        step = values["step"][r]
+        try:
+            if not 0 <= step <= MAX_STEP:
+                raise InvalidRequest(f"step must be an integer in [0, {MAX_STEP}], got {step}")
+            try:
+                params = SamplingParams(
+                    **{name: values[name][r] for name in SCALARS if name not in ("random_seed", "step")},
+                    seed=values["random_seed"][r], bad_words=decode_word_list(bad[r]) if bad is not None else (),
+                    logit_bias=tuple(zip(bias_ids[r].tolist(), bias_values[r, :len(bias_ids[r])].tolist())))
+            except SamplingParamError as error:
+                raise InvalidRequest(str(error)) from None
+        except InvalidRequest as error:
+            raise with_row(error, r, rows) from None
+        out.append(SamplerRow(params, histories[r].tolist(), step))
+    return out
 
 
-def logits_row(pb_utils: Any, request: Any, name: str, vocab_size: int | None) -> torch.Tensor:
-    """The [1, V] float tensor input `name` of one request as a torch view (DLPack, no copy)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+def float_rows(present: dict[str, Any], name: str, vocab_size: int | None) -> torch.Tensor:
+    """The [R, V] float tensor input `name` of one request as a torch view (DLPack, no copy)."""
+    tensor = present.get(name)
     if tensor is None:
         raise InvalidRequest(f"{name} is required")
-    row = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-    if row.dim() != 2 or row.shape[0] != 1 or row.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise InvalidRequest(f"{name} must be a float tensor of shape [1, V], got {row.dtype} {list(row.shape)}")
-    if vocab_size is not None and row.shape[1] != vocab_size:
-        raise InvalidRequest(f"{name} must have {vocab_size} values (the vocabulary size), got {row.shape[1]}")
-    return row
+    rows = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    if rows.dim() != 2 or rows.shape[0] < 1 or rows.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise InvalidRequest(f"{name} must be a float tensor of shape [R, V], got {rows.dtype} {list(rows.shape)}")
+    if vocab_size is not None and rows.shape[1] != vocab_size:
+        raise InvalidRequest(f"{name} must have {vocab_size} values (the vocabulary size), got {rows.shape[1]}")
+    return rows
 
 
 @dataclass
 class SamplerBatch:
-    """The well-formed requests of one `execute` call, stacked; malformed ones already answered.
+    """The rows of the well-formed requests of one `execute` call, stacked; malformed requests
+    already answered.
 
-    tensors: input name -> [B, V] (B = well-formed requests); responses: one slot per request,
-    filled with an error for the malformed ones and by `answer` for the rest.
+    tensors: input name -> [B, V] (B = rows of the well-formed requests); spans: per well-formed
+    request, (request index, first row, end row); responses: one slot per request, filled with an
+    error for the malformed ones and by `answer` for the rest.
     """
 
-    indices: list[int]
     rows: list[SamplerRow]
     tensors: dict[str, torch.Tensor]
     responses: list[Any]
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def params(self) -> list[SamplingParams]:
@@ -144,32 +199,39 @@ class SamplerBatch:
         return [row.step for row in self.rows]
 
 
+Check = Callable[[dict[str, Any], dict[str, torch.Tensor]], None]
+
+
 def gather_batch(pb_utils: Any, requests: Sequence[Any], names: Sequence[str], vocab_size: int | None,
-                 check: Callable[[Any, dict[str, torch.Tensor]], None] | None = None) -> SamplerBatch:
-    """Parse every request; stack the [1, V] inputs `names` of the well-formed ones. `check(request,
+                 check: Check | None = None) -> SamplerBatch:
+    """Parse every request; stack the [R, V] inputs `names` of the well-formed ones. `check(present,
     values)` may refuse a request further (raise InvalidRequest); a refused request fails alone."""
-    batch = SamplerBatch([], [], {}, [None] * len(requests))
+    batch = SamplerBatch([], {}, [None] * len(requests))
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     for i, request in enumerate(requests):
         try:
-            row = parse_sampler_row(pb_utils, request, vocab_size)
-            values = {name: logits_row(pb_utils, request, name, vocab_size) for name in names}
+            present = {tensor.name(): tensor for tensor in request.inputs()}  # one call, not one per name
+            values = {name: float_rows(present, name, vocab_size) for name in names}
+            rows = {len(value) for value in values.values()}
+            if len(rows) != 1:
+                raise InvalidRequest(f"{', '.join(names)} must have the same number of rows")
+            parsed = parse_sampler_rows(present, rows.pop(), vocab_size)
             if check is not None:
-                check(request, values)
+                check(present, values)
         except Exception as error:
             batch.responses[i] = error_response(pb_utils, error)
             continue
-        batch.indices.append(i)
-        batch.rows.append(row)
+        batch.spans.append((i, len(batch.rows), len(batch.rows) + len(parsed)))
+        batch.rows += parsed
         for name, value in values.items():
             columns[name].append(value)
     batch.tensors = {name: col[0] if len(col) == 1 else torch.cat(col) for name, col in columns.items() if col}
     return batch
 
 
-def refuse_nan(*names: str, probabilities: bool = False) -> Callable[[Any, dict[str, torch.Tensor]], None]:
+def refuse_nan(*names: str, probabilities: bool = False) -> Check:
     """A `gather_batch` check: the inputs `names` must hold no NaN (probabilities: values in [0, 1])."""
-    def check(request: Any, values: dict[str, torch.Tensor]) -> None:
+    def check(present: dict[str, Any], values: dict[str, torch.Tensor]) -> None:
         for name in names:
             x = values[name]
             if bool(torch.isnan(x).any()):
@@ -180,13 +242,16 @@ def refuse_nan(*names: str, probabilities: bool = False) -> Callable[[Any, dict[
 
 
 def answer(pb_utils: Any, batch: SamplerBatch, outputs: dict[str, np.ndarray], errors: Sequence[str | None]) -> list[Any]:
-    """Fill the responses of the well-formed requests: row b of every output, or its error."""
-    for b, i in enumerate(batch.indices):
-        if errors[b]:
-            batch.responses[i] = error_response(pb_utils, InvalidRequest(errors[b]))
+    """Fill the responses of the well-formed requests: their rows of every output, or the error of
+    their failed rows."""
+    for i, begin, end in batch.spans:
+        failed = [(r - begin, errors[r]) for r in range(begin, end) if errors[r]]
+        if failed:
+            message = failed[0][1] if end - begin == 1 else "; ".join(f"row {r}: {e}" for r, e in failed)
+            batch.responses[i] = error_response(pb_utils, InvalidRequest(message))
         else:
             batch.responses[i] = pb_utils.InferenceResponse(
-                [pb_utils.Tensor(name, np.ascontiguousarray(array[b:b + 1])) for name, array in outputs.items()])
+                [pb_utils.Tensor(name, np.ascontiguousarray(array[begin:end])) for name, array in outputs.items()])
     return batch.responses
 
 
@@ -200,7 +265,7 @@ def respond(pb_utils: Any, batch: SamplerBatch, compute: Compute) -> list[Any]:
         try:
             outputs, errors = compute(batch)
         except Exception as error:
-            for i in batch.indices:
+            for i, _, _ in batch.spans:
                 batch.responses[i] = error_response(pb_utils, error)
         else:
             answer(pb_utils, batch, outputs, errors)

@@ -6,17 +6,15 @@ function takes it as an argument; the package itself never imports it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zerocheck.sampling import SamplingParamError
-from zerocheck.serving.inputs import InvalidRequest, Overloaded
+from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.serving.row_errors import classify
 
-log = logging.getLogger("zerocheck")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -76,13 +74,8 @@ def request_parameters(request: Any) -> dict[str, Any]:
 
 def error_for(pb_utils: Any, error: BaseException) -> Any:
     """A TritonError for `error`: the client sees the message of a refused request, never a traceback."""
-    codes = pb_utils.TritonError
-    if isinstance(error, (InvalidRequest, SamplingParamError)):
-        return codes(str(error), codes.INVALID_ARG)
-    if isinstance(error, Overloaded):
-        return codes(str(error), codes.UNAVAILABLE)
-    log.exception("internal error", exc_info=error)
-    return codes(f"internal error ({type(error).__name__}); see the server log", codes.INTERNAL)
+    code, message = classify(error)
+    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
 
 
 def error_response(pb_utils: Any, error: BaseException) -> Any:

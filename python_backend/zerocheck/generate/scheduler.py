@@ -1,0 +1,134 @@
+"""Iteration-level (in-flight) batching of decode steps: `StepScheduler`.
+
+All active sequences of one sampler path advance together: each iteration sends one batched step
+(a row per sequence: the prompt for a sequence that just arrived, its last token for the others)
+and applies the sampled tokens. A sequence joins at the first iteration after it arrives and
+leaves when it ends, so the batch changes from step to step, as in TensorRT-LLM's in-flight
+batching. While a step runs, the scheduler streams the text of the step before and finishes the
+sequences that ended, so detokenizing and sending responses overlap the model's compute.
+
+The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
+is tested) without Triton; in the server they are BLS calls (generate/1/model.py). Everything runs
+on one asyncio event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from zerocheck.generate.sequence import Chunk, Sequence, StepCall, StepOutput
+
+log = logging.getLogger("zerocheck")
+# path, one call per row -> one outcome per row: the sampled token, or the exception that row failed with
+StepBatch = Callable[[str, list[StepCall]], Awaitable[list[StepOutput | Exception]]]
+Release = Callable[[list[str]], Awaitable[None]]  # frees the KV slots of these sequence ids
+Emit = Callable[[Sequence, Chunk | None], None]  # a streamed chunk; None: the sequence ended well
+
+
+@dataclass
+class _Entry:
+    seq: Sequence
+    emit: Emit
+    ended: asyncio.Future
+
+
+class StepScheduler:
+    """One driver task per sampler path, alive while that path has sequences (see the module docstring)."""
+
+    def __init__(self, step: StepBatch, release: Release, max_batch: int = 64) -> None:
+        self._step, self._release, self.max_batch = step, release, max_batch
+        self._arrived: dict[str, list[_Entry]] = {}
+        self._drivers: dict[str, asyncio.Task] = {}
+        self._background: set[asyncio.Task] = set()
+        self.steps = 0  # batched steps sent (all paths)
+
+    async def run(self, sequences: list[Sequence], emit: Emit) -> None:
+        """Generate `sequences` to their end; `emit` gets each streamed chunk and each sequence's
+        good end. A failed sequence ends with `seq.error` set and no end emitted."""
+        loop = asyncio.get_running_loop()
+        entries = [_Entry(seq, emit, loop.create_future()) for seq in sequences]
+        for entry in entries:
+            self._arrived.setdefault(entry.seq.path, []).append(entry)
+            if entry.seq.path not in self._drivers:
+                self._drivers[entry.seq.path] = asyncio.create_task(self._drive(entry.seq.path))
+        await asyncio.gather(*(entry.ended for entry in entries))
+
+    async def _drive(self, path: str) -> None:
+        active: list[_Entry] = []
+        try:
+            while True:
+                active += self._arrived.pop(path, [])
+                for entry in active:
+                    if not entry.seq.done and entry.seq.cancelled():
+                        entry.seq.cancel()
+                running = [entry for entry in active if not entry.seq.done]
+                calls = [entry.seq.next_call() for entry in running]
+                stepping = asyncio.ensure_future(self._step_all(path, calls)) if calls else None
+                for entry in active:  # while the step runs
+                    self._deliver(entry)
+                stepped = {id(entry) for entry in running}  # ended before this step, so none is in it
+                self._end([entry for entry in active if id(entry) not in stepped])
+                active = running
+                if stepping is None:
+                    if not self._arrived.get(path):
+                        return
+                    continue
+                for entry, outcome in zip(running, await stepping):
+                    if entry.seq.done:  # failed while the step ran (its response could not be sent)
+                        continue
+                    if isinstance(outcome, Exception):
+                        entry.seq.fail(outcome)
+                    else:
+                        entry.seq.accept(outcome)
+        except BaseException as error:  # a bug here must not leave requests waiting forever
+            log.error("step scheduler failed", exc_info=error)
+            for entry in active + self._arrived.pop(path, []):
+                entry.seq.fail(error if isinstance(error, Exception) else RuntimeError("scheduler stopped"))
+            self._end(active)
+            raise
+        finally:
+            del self._drivers[path]
+
+    async def _step_all(self, path: str, calls: list[StepCall]) -> list[StepOutput | Exception]:
+        """Every call, in batches of at most max_batch rows sent together; a batch that fails as a
+        whole fails each of its rows."""
+        batches = [calls[i:i + self.max_batch] for i in range(0, len(calls), self.max_batch)]
+        results = await asyncio.gather(*(self._step(path, batch) for batch in batches), return_exceptions=True)
+        self.steps += len(batches)
+        return [outcome for batch, result in zip(batches, results)
+                for outcome in (result if not isinstance(result, BaseException) else [result] * len(batch))]
+
+    @staticmethod
+    def _deliver(entry: _Entry) -> None:
+        """Stream the chunk due, and the end of a sequence that ended well; a send that fails fails
+        the sequence."""
+        seq = entry.seq
+        if seq.error is not None:
+            return
+        try:
+            chunk = seq.take_chunk()
+            if chunk is not None:
+                entry.emit(seq, chunk)
+            if seq.done and seq.error is None:
+                entry.emit(seq, None)
+        except Exception as error:
+            seq.fail(error)
+
+    def _end(self, ended: list[_Entry]) -> None:
+        """Free the KV slots the ended sequences may hold (in the background) and resolve them."""
+        slots = [entry.seq.seq_id for entry in ended if entry.seq.holds_slot]
+        if slots:
+            task = asyncio.ensure_future(self._release_quietly(slots))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        for entry in ended:
+            if not entry.ended.done():
+                entry.ended.set_result(None)
+
+    async def _release_quietly(self, seq_ids: list[str]) -> None:
+        try:
+            await self._release(seq_ids)
+        except Exception as error:  # the decoder also reclaims idle slots itself
+            log.warning("releasing KV slots of %d sequences failed: %s", len(seq_ids), error)

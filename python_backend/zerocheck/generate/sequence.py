@@ -1,0 +1,193 @@
+"""One sequence's generation, as a state machine the step scheduler drives.
+
+`Sequence.next_call()` says which decode step the sequence needs next (prefill with the prompt,
+then the last sampled token); `accept(StepOutput)` applies a sampled token: append, stop at
+end_id / a stop word / max_tokens, or stream. Detokenization is incremental (multi-byte characters
+never split) and done when a chunk is taken, off the path between two steps.
+"""
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence as Seq
+
+from zerocheck.sampling import SamplingParams
+from zerocheck.serving.inputs import GenerateRequest
+from zerocheck.tokenizer import IncrementalDetokenizer, TextTokenizer
+
+ZERO_CHECK = "zero_check"
+CHECKED = "checked"
+_seeds = random.Random()  # seeded from os.urandom at import
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One decode step of one sequence. tokens: the prompt on the first step, else the last token.
+    history: prompt + generated ids when penalties or bad words need them, else None."""
+
+    seq_id: str
+    tokens: list[int]
+    start: bool
+    end: bool
+    sampling: SamplingParams
+    history: list[int] | None
+    step: int
+    path: str  # ZERO_CHECK or CHECKED
+    want_log_prob: bool
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    token: int
+    log_prob: float | None = None
+
+
+@dataclass
+class Chunk:
+    """A streamed piece: new text and ids since the last chunk."""
+
+    text: str
+    ids: list[int]
+    log_probs: list[float]
+
+
+@dataclass
+class Generation:
+    """The finished result of one sequence."""
+
+    text: str
+    ids: list[int]
+    prompt_tokens: int
+    finish_reason: str  # length | stop | eos | cancelled
+    log_probs: list[float] = field(default_factory=list)
+    arrival_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.ids)
+
+
+def choose_path(request: GenerateRequest) -> tuple[str, str | None]:
+    """The sampler path and, when the zero-check path was asked for but cannot serve the request,
+    why it degraded. Log-probabilities need the normalised distribution, which only the checked
+    chain computes."""
+    if not request.zerocheck:
+        return CHECKED, None
+    if request.return_log_probs:
+        return CHECKED, "return_log_probs"
+    return ZERO_CHECK, None
+
+
+def ends_with(ids: Seq[int], suffix: Seq[int]) -> bool:
+    return len(suffix) > 0 and len(ids) >= len(suffix) and list(ids[len(ids) - len(suffix):]) == list(suffix)
+
+
+def sampling_for(tokenizer: TextTokenizer, request: GenerateRequest, index: int = 0) -> SamplingParams:
+    """Request sampling params with bad words and embedding-bias words turned into token ids. Sequence
+    `index` of a request draws with seed + index; an unseeded request gets a fresh random seed, so
+    every sequence has its own noise stream whatever its batch position."""
+    bad = tuple(tuple(ids) for ids in tokenizer.token_ids_of(list(request.bad_words)) if ids)
+    bias = tuple((ids[0], weight) for (word, weight), ids in
+                 zip(request.bias_words, tokenizer.token_ids_of([w for w, _ in request.bias_words])) if ids)
+    seed = request.sampling.seed if request.sampling.seed is not None else _seeds.getrandbits(64)
+    return replace(request.sampling, bad_words=request.sampling.bad_words + bad, logit_bias=bias,
+                   seed=(seed + index) % 2**64)
+
+
+class Sequence:
+    """The state of one sequence between decode steps (see the module docstring)."""
+
+    def __init__(self, tokenizer: TextTokenizer, request: GenerateRequest, prompt_ids: list[int], path: str,
+                 max_context: int, index: int = 0, cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.tokenizer, self.request, self.prompt_ids, self.path, self.index = tokenizer, request, prompt_ids, path, index
+        self.cancelled = cancelled
+        self.seq_id = uuid.uuid4().hex
+        self.sampling = sampling_for(tokenizer, request, index)
+        self._min_tokens_sampling = replace(self.sampling, bad_words=self.sampling.bad_words + ((self.end_id,),)) \
+            if self.end_id >= 0 and request.min_tokens else self.sampling
+        self.stop_ids = [ids for ids in tokenizer.token_ids_of(list(request.stop_words)) if ids]
+        self.max_tokens = min(request.max_tokens, max_context - len(prompt_ids))
+        self.needs_history = self.sampling.has_penalties or bool(self.sampling.bad_words)
+        self.ids: list[int] = []
+        self.log_probs: list[float] = []
+        # set when done: length | stop | eos | cancelled | error
+        self.finish: str | None = None if self.max_tokens > 0 else "length"
+        self.error: Exception | None = None
+        self.started = False  # a step was sent: the decoder may hold a KV slot for it
+        self.released = False  # a step with end=True came back: the decoder freed the slot itself
+        self.arrival_ns, self.first_token_ns, self.last_token_ns = time.time_ns(), 0, 0
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._unsent = 0  # ids accepted but not yet in a chunk
+        self._unsent_log_probs: list[float] = []
+        self._sent_end = False
+
+    @property
+    def end_id(self) -> int:
+        return self.request.end_id if self.request.end_id is not None else self.tokenizer.eos_id
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def holds_slot(self) -> bool:
+        """Whether the decoder may still hold a KV cache slot for this sequence (release it when done)."""
+        return self.started and not self.released
+
+    def next_call(self) -> StepCall:
+        step = len(self.ids)
+        self.started = True
+        self._sent_end = step == self.max_tokens - 1
+        return StepCall(seq_id=self.seq_id, tokens=self.prompt_ids if step == 0 else self.ids[-1:], start=step == 0,
+                        end=self._sent_end,
+                        sampling=self._min_tokens_sampling if step < self.request.min_tokens else self.sampling,
+                        history=self.prompt_ids + self.ids if self.needs_history else None, step=step,
+                        path=self.path, want_log_prob=self.request.return_log_probs)
+
+    def accept(self, out: StepOutput) -> None:
+        """Apply the sampled token of the step `next_call` asked for."""
+        self.released = self._sent_end
+        self.last_token_ns = time.time_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+        if out.token == self.end_id:
+            self.finish = "eos"
+            return
+        self.ids.append(out.token)
+        self._unsent += 1
+        if out.log_prob is not None:
+            self.log_probs.append(out.log_prob)
+            self._unsent_log_probs.append(out.log_prob)
+        if any(ends_with(self.ids, stop) for stop in self.stop_ids):
+            self.finish = "stop"
+        elif len(self.ids) >= self.max_tokens:
+            self.finish = "length"
+
+    def cancel(self) -> None:
+        self.finish = "cancelled"
+
+    def fail(self, error: Exception) -> None:
+        """The step failed for this sequence: it ends, and its request gets `error`."""
+        self.finish, self.error = "error", error
+
+    def take_chunk(self) -> Chunk | None:
+        """For a streamed request, the piece due now: `stream_interval` new ids, or what is left once done."""
+        if not self.request.stream or (not self.done and self._unsent < self.request.stream_interval):
+            return None
+        ids = self.ids[len(self.ids) - self._unsent:] if self._unsent else []
+        text = self._detok.push(ids) + (self._detok.flush() if self.done else "")
+        chunk = Chunk(text, ids, self._unsent_log_probs)
+        self._unsent, self._unsent_log_probs = 0, []
+        return chunk if chunk.ids or chunk.text else None
+
+    def generation(self) -> Generation:
+        text = self.tokenizer.decode(self.ids)
+        if not self.request.exclude_input_in_output and not self.request.stream:
+            text = self.request.prompt + text
+        return Generation(text=text, ids=self.ids, prompt_tokens=len(self.prompt_ids),
+                          finish_reason=self.finish or "length", log_probs=self.log_probs,
+                          arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
+                          last_token_ns=self.last_token_ns)
