@@ -1,13 +1,15 @@
-"""Sampler microbenchmark: checked chain vs zero-check sampler vs a memory-bound floor.
+"""Sampler microbenchmark: checked chain vs zero-check sampler (eager torch and the server's runner)
+vs a memory-bound floor.
 
     python benchmarks/sampler.py                     # B in {1,8,32,128}, V in {32000,128256}, CPU
     python benchmarks/sampler.py --device cuda --json results/sampler_cuda.json
     python benchmarks/sampler.py --quick             # B=32, V=128256 only
 
 For every (V, B, logits kind, parameter mix) it times one call of `checked_sample`,
-`zero_check_sample` and the floor `logits.amax(dim=-1)` (one read of the logits), interleaved
-round-robin so machine noise hits all three alike, and prints the medians and the ratios
-checked / zero-check and zero-check / floor. Rows are unseeded (the common serving case).
+`zero_check_sample` (eager torch), the runner the server uses (`make_sampler`: the compiled CPU
+kernel on CPU, CUDA graphs on GPU) and the floor `logits.amax(dim=-1)` (one read of the logits),
+interleaved round-robin so machine noise hits all alike, and prints the medians and the ratios
+checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case).
 No assertion on timings: the ratios are the result.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample  # noqa: E402
+from zerocheck.sampling.cuda_graph import make_sampler  # noqa: E402
 
 HISTORY_TOKENS = 256
 BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every third round only
@@ -68,12 +71,13 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def bench_case(logits: torch.Tensor, params: list[SamplingParams], history: list[list[int]] | None,
-               repeats: int, device: torch.device, thin_checked: bool = True) -> dict[str, float]:
+               repeats: int, device: torch.device, runner, thin_checked: bool = True) -> dict[str, float]:
     """Median seconds per call of each contender, calls interleaved round-robin. thin_checked:
     on big calls, time the slow checked chain every third round only."""
     calls = {
         "floor": lambda: logits.amax(dim=-1),
         "zero_check": lambda: zero_check_sample(logits, params, history),
+        "runner": lambda: runner.sample(logits, params, history).raise_errors(),
         "checked": lambda: checked_sample(logits, params, history),
     }
     big = thin_checked and logits.numel() > BIG_CALL
@@ -94,32 +98,36 @@ def run(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    print(f"{'V':>7} {'B':>4} {'logits':>6} {'mix':>14} {'checked ms':>11} {'zero-chk ms':>11} "
-          f"{'floor ms':>9} {'chk/zc':>7} {'zc/floor':>8}", flush=True)
+    print(f"{'V':>7} {'B':>4} {'logits':>6} {'mix':>14} {'checked ms':>11} {'zero-chk ms':>11} {'runner ms':>9} "
+          f"{'floor ms':>9} {'chk/zc':>7} {'zc/run':>7} {'run/floor':>9}", flush=True)
     for vocab in args.vocab:
         for batch in args.batch:
+            runner = make_sampler(vocab, batch, device)
             history = [torch.randint(0, vocab, (HISTORY_TOKENS,), generator=gen).tolist() for _ in range(batch)]
             for kind, make in LOGITS.items():
                 logits = make(batch, vocab, gen).to(device)
                 for mix, (params, needs_history) in MIXES.items():
                     t = bench_case(logits, [params] * batch, history if needs_history else None,
-                                   args.repeats, device, thin_checked=not args.quick)
+                                   args.repeats, device, runner, thin_checked=not args.quick)
                     row = dict(device=device.type, vocab=vocab, batch=batch, logits=kind, mix=mix,
-                               checked_s=t["checked"], zero_check_s=t["zero_check"], floor_s=t["floor"],
-                               checked_over_zero_check=t["checked"] / t["zero_check"],
-                               zero_check_over_floor=t["zero_check"] / t["floor"])
+                               checked_s=t["checked"], zero_check_s=t["zero_check"], runner_s=t["runner"],
+                               floor_s=t["floor"], checked_over_zero_check=t["checked"] / t["zero_check"],
+                               eager_over_runner=t["zero_check"] / t["runner"],
+                               runner_over_floor=t["runner"] / t["floor"])
                     rows.append(row)
                     print(f"{vocab:>7} {batch:>4} {kind:>6} {mix:>14} {1e3 * t['checked']:>11.2f} "
-                          f"{1e3 * t['zero_check']:>11.2f} {1e3 * t['floor']:>9.3f} "
-                          f"{row['checked_over_zero_check']:>7.1f} {row['zero_check_over_floor']:>8.1f}", flush=True)
+                          f"{1e3 * t['zero_check']:>11.2f} {1e3 * t['runner']:>9.2f} {1e3 * t['floor']:>9.3f} "
+                          f"{row['checked_over_zero_check']:>7.1f} {row['eager_over_runner']:>7.1f} "
+                          f"{row['runner_over_floor']:>9.1f}", flush=True)
     return rows
 
 
 def summary(rows: list[dict]) -> str:
     geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
     return (f"geometric means over {len(rows)} rows: checked/zero-check "
-            f"{geo([r['checked_over_zero_check'] for r in rows]):.2f}x, zero-check/floor "
-            f"{geo([r['zero_check_over_floor'] for r in rows]):.1f}x")
+            f"{geo([r['checked_over_zero_check'] for r in rows]):.2f}x, eager/runner "
+            f"{geo([r['eager_over_runner'] for r in rows]):.2f}x, runner/floor "
+            f"{geo([r['runner_over_floor'] for r in rows]):.1f}x")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -109,3 +109,10 @@ def min_p_margin(logits_row, params, history: Sequence[int] | None = None) -> fl
     x = penalised_logits(logits_row, params, history)
     ratio = np.exp((x - x.max()) / params.temperature)
     return float(np.min(np.abs(ratio - params.min_p)) / params.min_p)
+
+
+def compiled_zero_check_sample(logits, params, history=None, step=0):
+    """`zero_check_sample` through the compiled CPU kernel (the server's CPU runner)."""
+    from zerocheck.sampling import ZeroCheckSampler
+
+    return ZeroCheckSampler(compiled=True).sample(logits, params, history, step).raise_errors()

@@ -15,12 +15,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from reference_sampling import min_p_margin, reference_probs, top_p_margin
+from reference_sampling import compiled_zero_check_sample, min_p_margin, reference_probs, top_p_margin
 from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample
 
 DRAWS = 20_000
 P_MIN = 1e-3  # p-value floor of the goodness-of-fit test
-PATHS = {"zero_check": zero_check_sample, "checked": checked_sample}
+PATHS = {"zero_check": zero_check_sample, "zero_check_compiled": compiled_zero_check_sample,
+         "checked": checked_sample}
 ELEMENTS_PER_CALL = 8_000_000  # rows per call = this / V, capped by MAX_ROWS_PER_CALL
 MAX_ROWS_PER_CALL = 2_000  # the dense top-p histogram holds 4096 float64 per row
 

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from reference_sampling import penalised_logits, reference_probs
+from reference_sampling import compiled_zero_check_sample, penalised_logits, reference_probs
 from zerocheck.sampling import (CheckedSampler, SamplingParamError, SamplingParams, ZeroCheckSampler,
                                 checked_sample, zero_check_sample)
 
-PATHS = {"zero_check": zero_check_sample, "checked": checked_sample}
-SAMPLERS = {"zero_check": ZeroCheckSampler, "checked": CheckedSampler}
+PATHS = {"zero_check": zero_check_sample, "zero_check_compiled": compiled_zero_check_sample,
+         "checked": checked_sample}
+SAMPLERS = {"zero_check": ZeroCheckSampler, "zero_check_compiled": lambda: ZeroCheckSampler(compiled=True),
+            "checked": CheckedSampler}
 ROW_KINDS = {  # one of each orchestration branch of the zero-check sampler
     "greedy": SamplingParams(temperature=0.0),
     "top_k": SamplingParams(top_k=5, seed=1),

@@ -20,13 +20,21 @@ class ModelTime:
     executions: int = 0
     inferences: int = 0
     queue_ns: int = 0
-    compute_ns: int = 0  # compute_input + compute_infer + compute_output
+    input_ns: int = 0  # compute_input: Triton copying the inputs in (to the stub's shared memory)
+    infer_ns: int = 0  # compute_infer: the model's execute
+    output_ns: int = 0  # compute_output: Triton taking the outputs back
+
+    @property
+    def compute_ns(self) -> int:
+        return self.input_ns + self.infer_ns + self.output_ns
 
     def add(self, other: "ModelTime") -> None:
         self.executions += other.executions
         self.inferences += other.inferences
         self.queue_ns += other.queue_ns
-        self.compute_ns += other.compute_ns
+        self.input_ns += other.input_ns
+        self.infer_ns += other.infer_ns
+        self.output_ns += other.output_ns
 
     def compute_ms_per_execution(self) -> float:
         return self.compute_ns / self.executions / 1e6 if self.executions else 0.0
@@ -46,8 +54,8 @@ def snapshot(http_url: str) -> dict[str, ModelTime]:
         s = model["inference_stats"]
         out[model["name"]] = ModelTime(
             executions=int(model.get("execution_count", 0)), inferences=int(model.get("inference_count", 0)),
-            queue_ns=int(s["queue"]["ns"]),
-            compute_ns=sum(int(s[f]["ns"]) for f in ("compute_input", "compute_infer", "compute_output")))
+            queue_ns=int(s["queue"]["ns"]), input_ns=int(s["compute_input"]["ns"]),
+            infer_ns=int(s["compute_infer"]["ns"]), output_ns=int(s["compute_output"]["ns"]))
     return out
 
 
@@ -56,6 +64,6 @@ def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str
     out = {}
     for name, a in after.items():
         b = before.get(name, ModelTime())
-        out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences,
-                              a.queue_ns - b.queue_ns, a.compute_ns - b.compute_ns)
+        out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences, a.queue_ns - b.queue_ns,
+                              a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns)
     return out

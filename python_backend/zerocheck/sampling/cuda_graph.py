@@ -140,8 +140,12 @@ class CudaGraphSampler:
 
 def make_sampler(vocab_size: int, max_batch_size: int, device: str | torch.device = "cpu",
                  max_top_k: int = 64) -> ZeroCheckSampler | CudaGraphSampler:
-    """The runner for this process, chosen once: CUDA graphs on a CUDA device, eager otherwise."""
+    """The runner for this process, chosen once: CUDA graphs on a CUDA device; on CPU the compiled
+    kernel for greedy and top-k rows when numba is installed (benchmarks/sampler.py: 2-3x faster than
+    eager torch), eager torch otherwise."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return CudaGraphSampler(vocab_size, max_batch_size, device, max_top_k)
-    return ZeroCheckSampler()
+    sampler = ZeroCheckSampler(compiled=True)
+    sampler.sample(torch.zeros(2, vocab_size), [SamplingParams(temperature=0.0), SamplingParams(top_k=2, seed=0)])
+    return sampler  # the kernel is compiled now (or loaded from numba's cache), not at the first request

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from . import ops
+from . import cpu_kernel, ops
 from .batch import SamplingBatch, build_batch
 from .params import SamplingParamError, SamplingParams
 from .workspace import Workspace
@@ -77,10 +77,12 @@ def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> Sa
 
 class ZeroCheckSampler:
     """Orchestration of the zero-check sampler (see the module docstring); its only state is a
-    per-thread workspace of scratch tensors."""
+    per-thread workspace of scratch tensors. With `compiled=True` (and numba installed), greedy and
+    top-k rows on CPU run in the compiled kernel of `cpu_kernel` instead of eager torch ops."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
         self._workspace = Workspace()
+        self.compiled = compiled and cpu_kernel.available()
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
@@ -108,6 +110,11 @@ class ZeroCheckSampler:
         greedy = [b for b in range(size) if batch.greedy[b]]
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
+        if self.compiled and x.device.type == "cpu" and (greedy or top_k):
+            tied, kth = cpu_kernel.draw_candidate_rows(x, batch, sorted(greedy + top_k), tokens, row_max)
+            greedy, top_k = [], []
+            if tied:
+                self._draw_dense(_rows(x, tied), batch, tied, kth, tokens, row_max)
         if greedy:
             rows = _rows(x, greedy)
             values, ids = rows.max(-1)

@@ -12,6 +12,7 @@ A request is answered as a whole: a bad row fails its request, with a message na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from zerocheck.serving.triton import error_response
 
 SCALARS = {spec.name: (spec.default, spec.kind) for spec in SAMPLING_PARAMETERS}
 SCALARS.update(random_seed=(None, int), step=(0, int))
+KNOBS = tuple(spec.name for spec in SAMPLING_PARAMETERS)
 MAX_HISTORY = 1 << 16
 MAX_STEP = 2**31 - 1
 PAD = -1
@@ -145,17 +147,22 @@ def parse_sampler_rows(present: dict[str, Any], rows: int, vocab_size: int | Non
         try:
             if not 0 <= step <= MAX_STEP:
                 raise InvalidRequest(f"step must be an integer in [0, {MAX_STEP}], got {step}")
-            try:
-                params = SamplingParams(
-                    **{name: values[name][r] for name in SCALARS if name not in ("random_seed", "step")},
-                    seed=values["random_seed"][r], bad_words=decode_word_list(bad[r]) if bad is not None else (),
-                    logit_bias=tuple(zip(bias_ids[r].tolist(), bias_values[r, :len(bias_ids[r])].tolist())))
-            except SamplingParamError as error:
-                raise InvalidRequest(str(error)) from None
+            params = sampling_params(tuple(values[name][r] for name in KNOBS), values["random_seed"][r],
+                                     decode_word_list(bad[r]) if bad is not None else (),
+                                     tuple(zip(bias_ids[r].tolist(), bias_values[r, :len(bias_ids[r])].tolist())))
         except InvalidRequest as error:
             raise with_row(error, r, rows) from None
         out.append(SamplerRow(params, histories[r].tolist(), step))
     return out
+
+
+@lru_cache(maxsize=4096)
+def sampling_params(knobs: tuple, seed: int | None, bad_words: tuple, logit_bias: tuple) -> SamplingParams:
+    """SamplingParams validated once per distinct value: a sequence sends the same ones every step."""
+    try:
+        return SamplingParams(**dict(zip(KNOBS, knobs)), seed=seed, bad_words=bad_words, logit_bias=logit_bias)
+    except SamplingParamError as error:
+        raise InvalidRequest(str(error)) from None
 
 
 def float_rows(present: dict[str, Any], name: str, vocab_size: int | None) -> torch.Tensor:

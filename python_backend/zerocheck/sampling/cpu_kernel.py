@@ -1,0 +1,167 @@
+"""Compiled CPU kernel (numba) for the candidate rows of the zero-check sampler: greedy and top-k.
+
+One pass per row over the logits finds the top (k + 1) candidates: blocks of values are compared
+with the current (k+1)-th one in a vectorised loop, and only a larger value is inserted into the
+small sorted list. Then, on those candidates, the same steps as
+`ops.draw_from_candidates` in the same precision: temperature, top-p on the float64 cumulative mass,
+min-p, and the exponential race with the same counter-based noise, so a row gets the token the
+eager torch path gives (up to the last-ulp rounding of exp/log). Rows run in parallel.
+
+Compiled on first use (cached on disk when the package directory is writable); `available()` says
+whether numba is importable. The choice of kernel or eager torch is made once, by `make_sampler`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .batch import SamplingBatch
+
+BLOCK = 64
+_M32 = 0xFFFFFFFF
+_MUL = 0x45D9F3B
+_INV_2_32 = 1.0 / 4294967296.0
+
+try:
+    import numba
+except ImportError:  # the eager torch path serves without it
+    numba = None
+
+
+def available() -> bool:
+    return numba is not None
+
+
+def _mix32(z):
+    z = (((z >> 16) ^ z) * _MUL) & _M32
+    z = (((z >> 16) ^ z) * _MUL) & _M32
+    return (z >> 16) ^ z
+
+
+def _log_noise(key0, key1, counter):
+    """log(E), E = -log(u) ~ Exp(1): `noise.exponential_noise` for one (row key, counter)."""
+    z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
+    z = _mix32(z ^ (counter >> 32))
+    u = (np.float64(z) + 0.5) * _INV_2_32
+    return math.log(-math.log(u))
+
+
+def _insert(vals, ids, n, v, i):
+    """Insert (v, i) into the descending vals[:n] (after equal values); keeps the first len(vals)."""
+    j = n if n < len(vals) else len(vals) - 1
+    while j > 0 and vals[j - 1] < v:
+        vals[j] = vals[j - 1]
+        ids[j] = ids[j - 1]
+        j -= 1
+    vals[j] = v
+    ids[j] = i
+
+
+def _insert(vals, ids, v, i):
+    """Insert (v, i) into the descending vals (after equal values), dropping the last."""
+    j = len(vals) - 1
+    while j > 0 and vals[j - 1] < v:
+        vals[j] = vals[j - 1]
+        ids[j] = ids[j - 1]
+        j -= 1
+    vals[j] = v
+    ids[j] = i
+
+
+def _top_candidates(row, vals, ids):
+    """Fill vals/ids with the len(vals) largest values of row (descending; -inf, id -1 when the row has
+    fewer finite ones) and their ids; returns whether the row holds NaN. A vectorised loop checks each
+    block of BLOCK values against the current last candidate; only a block holding a larger value is
+    scanned again to insert it, which soon is rare."""
+    vals[:] = -np.inf
+    ids[:] = -1
+    low = -np.inf
+    nan = False
+    vocab = row.shape[0]
+    for start in range(0, vocab, BLOCK):
+        stop = min(start + BLOCK, vocab)
+        hit = False
+        for i in range(start, stop):
+            v = row[i]
+            nan |= v != v
+            hit |= v > low
+        if hit:
+            for i in range(start, stop):
+                if row[i] > low:
+                    _insert(vals, ids, row[i], i)
+                    low = vals[-1]
+    return nan
+
+
+def _draw_rows(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied):
+    """Per selected row r = rows[j]: tokens[r], row_max[r]; kth_out[j] and tied[j] for top-k rows."""
+    for j in numba.prange(rows.shape[0]):
+        r = rows[j]
+        row = x[r]
+        if greedy[j]:
+            best, arg = row[0], 0
+            for i in range(1, row.shape[0]):
+                v = row[i]
+                if v > best or (v != v and best == best):
+                    best, arg = v, i
+            tokens[r], row_max[r] = arg, best
+            continue
+        k = top_k[j]
+        width = k + 1
+        vals = np.empty(width, np.float32)
+        ids = np.empty(width, np.int64)
+        if _top_candidates(row, vals, ids):
+            tokens[r], row_max[r] = -1, np.nan
+            continue
+        row_max[r] = vals[0]
+        kth_out[j] = vals[k - 1]
+        tied[j] = vals[k] == vals[k - 1] and math.isfinite(vals[k - 1])
+        t = temperature[j]
+        y = np.empty(k, np.float32)
+        total = 0.0
+        cum = np.empty(k, np.float64)
+        for i in range(k):
+            y[i] = (vals[i] - vals[0]) / t
+            if math.isfinite(vals[i]):
+                total += math.exp(np.float64(y[i]))
+            cum[i] = total
+        low = min_p_log[j]
+        if top_p[j] < 1.0:
+            target = np.float64(top_p[j]) * total
+            cut = 0
+            while cut < k - 1 and cum[cut] < target:
+                cut += 1
+            low = max(low, y[cut])
+        best, arg = -np.inf, ids[0]
+        for i in range(k):
+            if math.isfinite(vals[i]) and y[i] >= low:
+                score = np.float64(y[i]) - _log_noise(keys[j, 0], keys[j, 1], ids[i])
+                if score > best:
+                    best, arg = score, ids[i]
+        tokens[r] = arg
+
+
+if numba is not None:
+    _mix32 = numba.njit(inline="always", cache=True)(_mix32)
+    _log_noise = numba.njit(inline="always", cache=True)(_log_noise)
+    _insert = numba.njit(cache=True)(_insert)
+    _top_candidates = numba.njit(cache=True)(_top_candidates)
+    _draw_rows = numba.njit(parallel=True, cache=True)(_draw_rows)
+
+
+def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
+                        row_max: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Draw the greedy and top-k `rows` of x [B, V] float32 (contiguous, CPU, penalties applied)
+    into tokens [B] int64 and row_max [B] float32, in place. Returns the top-k rows whose k-th value
+    is tied past the candidates (they need whole-row treatment) and their k-th values [T] float32."""
+    index = torch.tensor(rows, dtype=torch.int64)
+    greedy = np.array([batch.greedy[r] for r in rows])
+    top_k = np.array([batch.top_k_list[r] if not batch.greedy[r] else 1 for r in rows], dtype=np.int64)
+    kth, tied = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.bool_)
+    _draw_rows(x.numpy(), index.numpy(), greedy, top_k, batch.temperature[index].numpy(),
+               batch.top_p[index].numpy(), torch.log(batch.min_p[index]).numpy(), batch.keys[index].numpy(),
+               tokens.numpy(), row_max.numpy(), kth, tied)
+    tied_at = np.flatnonzero(tied)
+    return [rows[i] for i in tied_at], torch.from_numpy(kth[tied_at])

@@ -1,0 +1,48 @@
+"""The compiled CPU kernel draws the tokens the eager torch path draws, row for row."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerocheck.sampling import SamplingParams, ZeroCheckSampler
+from zerocheck.sampling import cpu_kernel
+from zerocheck.sampling.cuda_graph import make_sampler
+
+pytestmark = pytest.mark.skipif(not cpu_kernel.available(), reason="numba is not installed")
+
+MIXED = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(top_k=1, seed=1),
+    SamplingParams(top_k=5, seed=2),
+    SamplingParams(top_k=50, top_p=0.9, temperature=0.7, seed=3),
+    SamplingParams(top_k=40, min_p=0.05, temperature=1.3, seed=4),
+    SamplingParams(top_k=20, top_p=0.5, repetition_penalty=1.3, presence_penalty=0.5, seed=5),
+    SamplingParams(top_k=30, bad_words=((7,), (3, 9)), seed=6),
+    SamplingParams(top_p=0.8, seed=7),  # dense: eager torch in both
+]
+
+
+@pytest.mark.parametrize("vocab", [1000, 32000, 50257])
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+def test_compiled_tokens_equal_eager_tokens(vocab: int, scale: float) -> None:
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(64, vocab, generator=generator) * scale
+    params = [MIXED[b % len(MIXED)] for b in range(64)]
+    history = [[b, 3, 3, 17] for b in range(64)]
+    eager, compiled = ZeroCheckSampler(), ZeroCheckSampler(compiled=True)
+    for step in range(3):
+        expected = eager.sample(logits, params, history, step)
+        got = compiled.sample(logits, params, history, step)
+        assert got.tokens.tolist() == expected.tokens.tolist() and got.errors == expected.errors
+
+
+def test_quantised_logits_with_ties_at_the_kth_value() -> None:
+    """Logits rounded to 0.5: many exact ties, also at the k-th value (rows then take the dense path)."""
+    logits = torch.round(torch.randn(16, 5000, generator=torch.Generator().manual_seed(3)) * 4) / 2
+    params = [SamplingParams(top_k=k, top_p=0.95, seed=k) for k in range(1, 17)]
+    expected = ZeroCheckSampler().sample(logits, params, None, 5).tokens
+    assert ZeroCheckSampler(compiled=True).sample(logits, params, None, 5).tokens.tolist() == expected.tolist()
+
+
+def test_the_cpu_runner_is_the_compiled_kernel() -> None:
+    assert make_sampler(1000, 8, "cpu").compiled
