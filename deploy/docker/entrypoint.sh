@@ -22,6 +22,8 @@ set -euo pipefail
 ZEROCHECK_HOME=${ZEROCHECK_HOME:-/opt/zerocheck}
 # The models read ZEROCHECK_ARTIFACTS; build_engines.py writes there (--out).
 export ZEROCHECK_ARTIFACTS=${ZEROCHECK_ARTIFACTS:-$ZEROCHECK_HOME/artifacts}
+# model stubs share the cores: OpenMP threads that spin after each op take the CPU from the next model
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 ARTIFACTS=$ZEROCHECK_ARTIFACTS
 DRY_RUN=${ZEROCHECK_DRY_RUN:-0}
 

@@ -99,9 +99,10 @@ class Row:
     tpot_p50_ms: float
     tpot_p95_ms: float
     tokens_per_s: float
-    decoder_ms_per_step: float
-    sampler_ms_per_step: float
-    overhead_ms_per_step: float
+    decoder_ms_per_step: float  # the decoder's execute (Triton's compute_infer)
+    sampler_ms_per_step: float  # the sampler models' execute, summed over the chain
+    transport_ms_per_step: float  # Triton copying those models' tensors in and out (compute_input + output)
+    overhead_ms_per_step: float  # TPOT p50 - decoder - sampler: transport, BLS hops, the loop, responses
     decoder_batch: float
 
 
@@ -114,14 +115,16 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
     path = runs[0].path
     decoder = models.get("decoder", ModelTime())
     steps = max(decoder.executions, 1)
-    sampler_ms = sum(models.get(m, ModelTime()).compute_ns for m in SAMPLER_MODELS[path]) / steps / 1e6
-    decoder_ms = decoder.compute_ns / steps / 1e6
+    samplers = [models.get(m, ModelTime()) for m in SAMPLER_MODELS[path]]
+    sampler_ms = sum(m.infer_ns for m in samplers) / steps / 1e6
+    decoder_ms = decoder.infer_ns / steps / 1e6
+    transport_ms = sum(m.input_ns + m.output_ns for m in [decoder, *samplers]) / steps / 1e6
     tpot_p50 = percentile([s.tpot_s for s in samples], 50) * 1e3
     return Row(vocab, runs[0].concurrency, path,
                percentile([s.ttft_s for s in samples], 50) * 1e3, percentile([s.ttft_s for s in samples], 95) * 1e3,
                tpot_p50, percentile([s.tpot_s for s in samples], 95) * 1e3,
                sum(s.tokens for s in samples) / sum(run.wall_s for run in runs),
-               decoder_ms, sampler_ms, max(tpot_p50 - decoder_ms - sampler_ms, 0.0), decoder.mean_batch())
+               decoder_ms, sampler_ms, transport_ms, max(tpot_p50 - decoder_ms - sampler_ms, 0.0), decoder.mean_batch())
 
 
 def bench_vocab(artifacts: Path, concurrencies: list[int], rounds: int, max_tokens: int, sampling: dict,
@@ -163,11 +166,12 @@ def ratios(rows: list[Row]) -> list[dict]:
 
 def table(rows: list[Row], ratio_rows: list[dict]) -> str:
     lines = [f"{'V':>7} {'conc':>4} {'path':>10} {'TTFT p50':>9} {'p95':>8} {'TPOT p50':>9} {'p95':>8} "
-             f"{'tok/s':>8} {'dec ms':>7} {'samp ms':>8} {'ovh ms':>7} {'batch':>6}"]
+             f"{'tok/s':>8} {'dec ms':>7} {'samp ms':>8} {'ovh ms':>7} {'(copy)':>7} {'batch':>6}"]
     for r in rows:
         lines.append(f"{r.vocab:>7} {r.concurrency:>4} {r.path:>10} {r.ttft_p50_ms:9.1f} {r.ttft_p95_ms:8.1f} "
                      f"{r.tpot_p50_ms:9.2f} {r.tpot_p95_ms:8.2f} {r.tokens_per_s:8.1f} {r.decoder_ms_per_step:7.2f} "
-                     f"{r.sampler_ms_per_step:8.2f} {r.overhead_ms_per_step:7.2f} {r.decoder_batch:6.1f}")
+                     f"{r.sampler_ms_per_step:8.2f} {r.overhead_ms_per_step:7.2f} {r.transport_ms_per_step:7.2f} "
+                     f"{r.decoder_batch:6.1f}")
     lines.append("")
     lines.append(f"{'V':>7} {'conc':>4} {'checked/zero-check: TTFT p95':>29} {'TPOT p50':>9} {'TPOT p95':>9} "
                  f"{'tok/s zc/chk':>13} {'sampler share zc':>17} {'checked':>8}")

@@ -26,6 +26,10 @@ _INV_2_32 = 1.0 / 4294967296.0
 
 try:
     import numba
+
+    # numba's OpenMP layer spins its threads after each call, taking the CPU from the decoder that runs
+    # next; the workqueue layer's threads sleep (as onnxruntime's do: allow_spinning 0)
+    numba.config.THREADING_LAYER = "workqueue"
 except ImportError:  # the eager torch path serves without it
     numba = None
 

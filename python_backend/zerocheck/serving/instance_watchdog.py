@@ -40,12 +40,22 @@ def sibling_stubs(server_pid: int) -> dict[int, str]:
     return stubs
 
 
+def stub_alive(pid: int) -> bool:
+    """Whether process `pid` runs (one read of /proc/<pid>/stat; a zombie is dead)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class StubWatchdog:
-    """Polls every `interval_s`; `on_death(pid, instance)` is called once, for the first stub seen dying."""
+    """Polls every `interval_s`; `on_death(pid, instance)` is called once, for the first stub seen dying.
+    The stubs it knows are checked one by one at every poll (cheap); the server's children are listed
+    again (a scan of every process) every `rescan_every` polls, to find stubs of models that load later."""
 
     def __init__(self, on_death: Callable[[int, str], None], interval_s: float = 0.5,
-                 server_pid: int | None = None) -> None:
-        self.on_death, self.interval_s = on_death, interval_s
+                 server_pid: int | None = None, rescan_every: int = 20) -> None:
+        self.on_death, self.interval_s, self.rescan_every = on_death, interval_s, rescan_every
         self.server_pid = server_pid or os.getppid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stub-watchdog", daemon=True)
@@ -59,8 +69,13 @@ class StubWatchdog:
 
     def _run(self) -> None:
         seen: dict[int, str] = {}
+        polls = 0
         while not self._stop.wait(self.interval_s):
-            alive = sibling_stubs(self.server_pid)
+            if polls % self.rescan_every == 0:
+                alive = sibling_stubs(self.server_pid)
+            else:
+                alive = {pid: name for pid, name in seen.items() if stub_alive(pid)}
+            polls += 1
             dead = [pid for pid in seen if pid not in alive]
             if dead and not self._stop.is_set():
                 self.on_death(dead[0], seen[dead[0]])
