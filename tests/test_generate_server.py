@@ -5,8 +5,11 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 import conftest
 from generate_calls import grpc_generate, http_generate
@@ -187,3 +190,24 @@ def test_unsupported_combination_degrades_to_checked(triton_server):
     assert last["sampler"] == "checked" and last["zerocheck_bypass"] is False
     assert len(last["output_log_probs"]) == 0 or all(lp <= 0 for lp in last["output_log_probs"])
     assert all(lp <= 0 for r in responses for lp in r.get("output_log_probs", []))
+
+
+@pytest.mark.parametrize("model", ["zero_check_step", "checked_step"])
+def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server, model):
+    """What generate sends each iteration: one request, a row per sequence (prompts padded with -1).
+    A row the decoder refuses carries its error in decoder_error; the others get their tokens."""
+    rows = {"sequence_id": np.array([[f"{model}-{i}".encode()] for i in range(3)], dtype=object),
+            "input_ids": np.array([[5, 6, 7], [8, -1, -1], [9, 10, -1]], np.int32),
+            "sequence_start": np.array([[True], [False], [True]]),  # row 1 was never started
+            "sequence_end": np.array([[True], [True], [True]]),
+            "temperature": np.zeros((3, 1), np.float32)}
+    inputs = [grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype)) for name, array in rows.items()]
+    for tensor, array in zip(inputs, rows.values()):
+        tensor.set_data_from_numpy(array)
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        result = client.infer(model, inputs)
+    errors = [e.decode() for e in result.as_numpy("decoder_error").reshape(-1)]
+    assert errors[0] == errors[2] == "" and errors[1].startswith("INVALID_ARG: sequence") and "no KV cache slot" in errors[1]
+    tokens = result.as_numpy("output_id").reshape(-1)
+    assert 0 <= tokens[0] < 600 and 0 <= tokens[2] < 600
+    assert slots_in_use(triton_server) == 0

@@ -11,7 +11,7 @@ from zerocheck.serving.inputs import GENERATE_INPUTS
 from zerocheck.serving.sampler_inputs import SCALARS
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
-SAMPLER_MODELS = ("zero_check_sampler", "penalties", "softmax", "top_k_top_p", "multinomial")
+SAMPLER_MODELS = ("decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p", "multinomial")
 TENSOR = re.compile(r'\{\s*name:\s*"(\w+)"\s*data_type:\s*(\w+)\s*dims:\s*\[([^\]]*)\]([^}]*)\}')
 
 

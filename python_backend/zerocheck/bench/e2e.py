@@ -22,7 +22,8 @@ from zerocheck.serve import TritonServer
 from zerocheck.serving.triton import REPO_ROOT
 
 PATHS = ("zero_check", "checked")
-SAMPLER_MODELS = {"zero_check": ("zero_check_sampler",), "checked": ("penalties", "softmax", "top_k_top_p", "multinomial")}
+# the models of each path's check layer; the zero-check sampler runs inside `decoder` (its own counter)
+SAMPLER_MODELS = {"zero_check": (), "checked": ("penalties", "softmax", "top_k_top_p", "multinomial")}
 PROMPTS = (
     "def merge_sort(items):", "The quick brown fox", "import numpy as np\n", "class Stack:\n    def push(self, item):",
     "Once upon a time", "SELECT name FROM users WHERE", "# Parse the configuration file", "for i in range(10):",
@@ -61,13 +62,13 @@ def one_request(url: str, index: int, path: str, max_tokens: int, sampling: dict
 
 
 def run_level(server: TritonServer, path: str, concurrency: int, max_tokens: int, sampling: dict) -> Run:
-    before = snapshot(server.http_url)
+    before = snapshot(server.http_url, server.metrics_url)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         samples = list(pool.map(lambda i: one_request(server.grpc_url, i, path, max_tokens, sampling),
                                 range(concurrency)))
     wall = time.perf_counter() - start
-    return Run(path, concurrency, wall, samples, delta(before, snapshot(server.http_url)))
+    return Run(path, concurrency, wall, samples, delta(before, snapshot(server.http_url, server.metrics_url)))
 
 
 def sized_repository(concurrency: int) -> Path:
@@ -99,8 +100,8 @@ class Row:
     tpot_p50_ms: float
     tpot_p95_ms: float
     tokens_per_s: float
-    decoder_ms_per_step: float  # the decoder's execute (Triton's compute_infer)
-    sampler_ms_per_step: float  # the sampler models' execute, summed over the chain
+    decoder_ms_per_step: float  # the decoder's execute (Triton's compute_infer) but its fused sampler
+    sampler_ms_per_step: float  # the fused zero-check sampler, or the checked chain's models' execute
     transport_ms_per_step: float  # Triton copying those models' tensors in and out (compute_input + output)
     overhead_ms_per_step: float  # TPOT p50 - decoder - sampler: transport, BLS hops, the loop, responses
     decoder_batch: float
@@ -116,8 +117,8 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
     decoder = models.get("decoder", ModelTime())
     steps = max(decoder.executions, 1)
     samplers = [models.get(m, ModelTime()) for m in SAMPLER_MODELS[path]]
-    sampler_ms = sum(m.infer_ns for m in samplers) / steps / 1e6
-    decoder_ms = decoder.infer_ns / steps / 1e6
+    sampler_ms = (decoder.sample_ns + sum(m.infer_ns for m in samplers)) / steps / 1e6
+    decoder_ms = (decoder.infer_ns - decoder.sample_ns) / steps / 1e6
     transport_ms = sum(m.input_ns + m.output_ns for m in [decoder, *samplers]) / steps / 1e6
     tpot_p50 = percentile([s.tpot_s for s in samples], 50) * 1e3
     return Row(vocab, runs[0].concurrency, path,

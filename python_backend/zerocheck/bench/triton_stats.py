@@ -6,11 +6,10 @@ run's time went: per execution (one batched decode step) and per inference (one 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import requests
-
-FIELDS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
 @dataclass
@@ -23,6 +22,7 @@ class ModelTime:
     input_ns: int = 0  # compute_input: Triton copying the inputs in (to the stub's shared memory)
     infer_ns: int = 0  # compute_infer: the model's execute
     output_ns: int = 0  # compute_output: Triton taking the outputs back
+    sample_ns: int = 0  # decoder only: the part of infer spent in the fused zero-check sampler
 
     @property
     def compute_ns(self) -> int:
@@ -35,6 +35,7 @@ class ModelTime:
         self.input_ns += other.input_ns
         self.infer_ns += other.infer_ns
         self.output_ns += other.output_ns
+        self.sample_ns += other.sample_ns
 
     def compute_ms_per_execution(self) -> float:
         return self.compute_ns / self.executions / 1e6 if self.executions else 0.0
@@ -46,8 +47,12 @@ class ModelTime:
         return self.inferences / self.executions if self.executions else 0.0
 
 
-def snapshot(http_url: str) -> dict[str, ModelTime]:
-    """Cumulative times of every model now."""
+SAMPLE_SECONDS = re.compile(r'^zerocheck_decoder_seconds_total\{[^}]*stage="sample"[^}]*\} (\S+)$', re.M)
+
+
+def snapshot(http_url: str, metrics_url: str | None = None) -> dict[str, ModelTime]:
+    """Cumulative times of every model now; with metrics_url, also the decoder's fused sampler time
+    (its `zerocheck_decoder_seconds_total{stage="sample"}` counter)."""
     stats = requests.get(f"http://{http_url}/v2/models/stats", timeout=30).json()["model_stats"]
     out = {}
     for model in stats:
@@ -56,6 +61,9 @@ def snapshot(http_url: str) -> dict[str, ModelTime]:
             executions=int(model.get("execution_count", 0)), inferences=int(model.get("inference_count", 0)),
             queue_ns=int(s["queue"]["ns"]), input_ns=int(s["compute_input"]["ns"]),
             infer_ns=int(s["compute_infer"]["ns"]), output_ns=int(s["compute_output"]["ns"]))
+    if metrics_url is not None and "decoder" in out:
+        found = SAMPLE_SECONDS.search(requests.get(f"http://{metrics_url}/metrics", timeout=30).text)
+        out["decoder"].sample_ns = int(float(found.group(1)) * 1e9) if found else 0
     return out
 
 
@@ -65,5 +73,6 @@ def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str
     for name, a in after.items():
         b = before.get(name, ModelTime())
         out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences, a.queue_ns - b.queue_ns,
-                              a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns)
+                              a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns,
+                              a.sample_ns - b.sample_ns)
     return out

@@ -56,6 +56,25 @@ class _Row:
     start: bool
 
 
+class _Logits:
+    """The [B, V] float32 result of a step; a forward that covers every row in order is taken as it
+    is (no zero-fill, no scatter copy)."""
+
+    def __init__(self, rows: int, vocab_size: int) -> None:
+        self.rows, self.vocab_size, self.tensor = rows, vocab_size, None
+
+    def put(self, index: list[int], values: torch.Tensor) -> None:
+        if self.tensor is None and index == list(range(self.rows)):
+            self.tensor = values
+            return
+        if self.tensor is None:
+            self.tensor = torch.zeros(self.rows, self.vocab_size, dtype=torch.float32)
+        self.tensor[index] = values
+
+    def result(self) -> torch.Tensor:
+        return self.tensor if self.tensor is not None else torch.zeros(self.rows, self.vocab_size)
+
+
 class DecoderEngine:
     def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str,
                  fail_token: int = -1) -> None:
@@ -81,20 +100,20 @@ class DecoderEngine:
             except DecoderError as error:
                 errors[index] = error
             seen.add(request.seq_id)
-        logits = torch.zeros(len(requests), self.vocab_size, dtype=torch.float32)
+        logits = _Logits(len(requests), self.vocab_size)
         for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
             if group:
                 self._run(group, logits, errors)
         for request in requests:
             if request.end:
                 self.pool.release(request.seq_id)
-        return StepResult(logits=logits, errors=errors)
+        return StepResult(logits=logits.result(), errors=errors)
 
-    def _run(self, rows: list[_Row], logits: torch.Tensor, errors: list[Exception | None]) -> None:
+    def _run(self, rows: list[_Row], logits: _Logits, errors: list[Exception | None]) -> None:
         """One forward for `rows`; when it raises, each row runs alone, so only the rows that fail
         alone get the error (a failed forward writes no KV cache, so a row may run again)."""
         try:
-            logits[[row.index for row in rows]] = self._forward(rows)
+            logits.put([row.index for row in rows], self._forward(rows))
         except Exception as error:
             if len(rows) > 1:
                 for row in rows:
