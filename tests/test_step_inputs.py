@@ -94,8 +94,8 @@ def test_an_unexpected_row_error_is_named_by_its_type_only():
 
 def test_step_results_per_row():
     outputs = {"output_id": np.array([[5], [0], [7]], np.int32),
-               "decoder_error": np.array([[b""], [row_error_text(Overloaded("full")).encode()], [b""]], dtype=object)}
-    results = step_results(outputs, 3)
+               "error": np.array([[b""], [row_error_text(Overloaded("full")).encode()], [b""]], dtype=object)}
+    results = step_results(ZERO_CHECK, outputs, 3)
     assert results[0] == StepOutput(5) and results[2] == StepOutput(7)
     assert isinstance(results[1], Overloaded) and str(results[1]) == "full"
 

@@ -2,8 +2,9 @@
 
 Every request runs as a task on the stub's asyncio event loop (Triton 2.51's Python backend crashes
 when pb_utils objects are used from several threads, so nothing here uses threads). A
-`StepScheduler` batches the decode steps of all active sequences: one BLS call to `zero_check_step`
-or `checked_step` per iteration carries every sequence of that path as a row.
+`StepScheduler` batches the decode steps of all active sequences: one BLS call per iteration and path
+carries every sequence of that path as a row (zero-check: `decoder`, whose sampler is fused after the
+forward; checked: `checked_step`, the decoder then the check layer's models).
 """
 import asyncio
 
@@ -11,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
-from zerocheck.generate.step_inputs import STEP_MODELS, release_arrays, step_arrays, step_outputs, step_results
+from zerocheck.generate.step_inputs import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
 from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
 from zerocheck.serving.inputs import GENERATE_INPUTS, Limits
 from zerocheck.serving.metrics import GenerateMetrics
@@ -36,7 +37,7 @@ async def bls(model: str, arrays: dict, outputs: list) -> dict:
 
 
 async def bls_step(path: str, calls: list) -> list:
-    return step_results(await bls(STEP_MODELS[path], step_arrays(calls), step_outputs(path)), len(calls))
+    return step_results(path, await bls(STEP_MODELS[path], step_arrays(calls), STEP_OUTPUTS[path]), len(calls))
 
 
 async def bls_release(seq_ids: list) -> None:

@@ -1,5 +1,5 @@
-"""The tensors of one batched BLS call to a step ensemble (`zero_check_step` / `checked_step`), and
-of a KV-slot release to `decoder`.
+"""The tensors of one batched BLS step call (`decoder` on the zero-check path, `checked_step` on the
+checked one), and of a KV-slot release to `decoder`.
 
 Row r of every array is the r-th sequence of the step. Ragged id rows (the prompt of a sequence that
 just arrived beside one token of the others, histories, logit-bias ids) are padded at the end with
@@ -17,7 +17,11 @@ from zerocheck.sampling import SAMPLING_PARAMETERS
 from zerocheck.serving.row_errors import row_error
 from zerocheck.serving.sampler_inputs import PAD, encode_word_lists
 
-STEP_MODELS = {ZERO_CHECK: "zero_check_step", CHECKED: "checked_step"}
+# per path: the model one batched step calls, and its outputs (token, row error[, log-probability]). The
+# zero-check path calls `decoder` itself (its sampler is fused after the forward; the one-step ensemble
+# `zero_check_step` would only add a hop), the checked path the ensemble decoder -> check layer.
+STEP_MODELS = {ZERO_CHECK: "decoder", CHECKED: "checked_step"}
+STEP_OUTPUTS = {ZERO_CHECK: ["output_id", "error"], CHECKED: ["output_id", "decoder_error", "output_log_prob"]}
 _NUMPY_OF = {float: np.float32, int: np.int32}
 
 
@@ -60,14 +64,11 @@ def step_arrays(calls: Sequence[StepCall]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def step_outputs(path: str) -> list[str]:
-    return ["output_id", "decoder_error"] + (["output_log_prob"] if path == CHECKED else [])
-
-
-def step_results(outputs: dict[str, np.ndarray], rows: int) -> list[StepOutput | Exception]:
+def step_results(path: str, outputs: dict[str, np.ndarray], rows: int) -> list[StepOutput | Exception]:
     """Per row, the sampled token (and log-probability), or the error the decoder reported for it."""
-    tokens = outputs["output_id"].reshape(-1).tolist()
-    errors = outputs["decoder_error"].reshape(-1).tolist() if "decoder_error" in outputs else [""] * rows
+    token_name, error_name = STEP_OUTPUTS[path][:2]
+    tokens = outputs[token_name].reshape(-1).tolist()
+    errors = outputs[error_name].reshape(-1).tolist()
     log_probs = outputs["output_log_prob"].reshape(-1).tolist() if "output_log_prob" in outputs else [None] * rows
     return [row_error(error) or StepOutput(token, log_prob) for token, error, log_prob in zip(tokens, errors, log_probs)]
 
