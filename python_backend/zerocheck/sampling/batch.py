@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .noise import row_key
+from .noise import row_keys
 from .params import SamplingParamError, SamplingParams
 
 
@@ -75,7 +75,7 @@ def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequ
         raise SamplingParamError(f"history has {len(history)} rows but params has {len(params)}")
     greedy = [p.is_greedy for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
-    keys = [row_key(p.seed, s) for p, s in zip(params, row_steps(step, len(params)))]
+    keys = row_keys([p.seed for p in params], row_steps(step, len(params)))
     f32 = dict(dtype=torch.float32, device=device)
     return SamplingBatch(
         vocab_size=vocab_size,
@@ -83,7 +83,7 @@ def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequ
         top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
         top_p=torch.tensor([p.top_p for p in params], **f32),
         min_p=torch.tensor([p.min_p for p in params], **f32),
-        keys=torch.tensor(keys, dtype=torch.int64, device=device).reshape(len(params), 2),
+        keys=torch.from_numpy(keys).to(device),
         greedy=greedy,
         top_k_list=top_k,
         bias=_logit_bias(params, vocab_size, device),

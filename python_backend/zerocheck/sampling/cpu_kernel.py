@@ -81,7 +81,7 @@ def _top_candidates(row, vals, ids):
     scanned again to insert it, which soon is rare."""
     vals[:] = -np.inf
     ids[:] = -1
-    low = -np.inf
+    low = vals[-1]  # float32, as the row: the block test stays a float32 compare
     nan = False
     vocab = row.shape[0]
     for start in range(0, vocab, BLOCK):

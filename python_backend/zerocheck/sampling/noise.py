@@ -11,7 +11,9 @@ below 2**31 so no product overflows.
 from __future__ import annotations
 
 import random
+from typing import Sequence
 
+import numpy as np
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -20,28 +22,26 @@ _GOLDEN = 0x9E3779B1
 _fresh = random.Random()  # seeded from os.urandom at import
 
 
-def _mix32(z: torch.Tensor) -> torch.Tensor:
-    """Bijective 32-bit avalanche hash on int64 tensors holding values in [0, 2**32)."""
+def _mix32(z):
+    """Bijective 32-bit avalanche hash on int64 tensors or arrays holding values in [0, 2**32)."""
     z = ((z >> 16) ^ z) * _MUL & _M32
     z = ((z >> 16) ^ z) * _MUL & _M32
     return (z >> 16) ^ z
 
 
-def _mix32_int(z: int) -> int:
-    z = ((z >> 16) ^ z) * _MUL & _M32
-    z = ((z >> 16) ^ z) * _MUL & _M32
-    return (z >> 16) ^ z
-
-
-def row_key(seed: int | None, step: int) -> tuple[int, int]:
-    """Two 32-bit words that identify the noise stream of one row at one decode step."""
-    if seed is None:
-        return _fresh.getrandbits(32), _fresh.getrandbits(32)
-    lo, hi = seed & _M32, (seed >> 32) & _M32
-    s = _mix32_int((step & _M32) ^ _GOLDEN)
-    a = _mix32_int(lo ^ _mix32_int(hi ^ s))
-    b = _mix32_int(a ^ _mix32_int((step >> 32) ^ 0x5BD1E995 ^ hi))
-    return a, b
+def row_keys(seeds: Sequence[int | None], steps: Sequence[int]) -> np.ndarray:
+    """[R, 2] int64: two 32-bit words per row that identify its noise stream at its decode step,
+    computed for all rows at once; unseeded rows get fresh random words."""
+    seeded = np.array([0 if seed is None else seed for seed in seeds], dtype=np.uint64)
+    lo, hi = (seeded & np.uint64(_M32)).astype(np.int64), (seeded >> np.uint64(32)).astype(np.int64)
+    step = np.asarray(steps, dtype=np.int64).reshape(-1)
+    s = _mix32((step & _M32) ^ _GOLDEN)
+    a = _mix32(lo ^ _mix32(hi ^ s))
+    b = _mix32(a ^ _mix32((step >> 32) ^ 0x5BD1E995 ^ hi))
+    keys = np.stack([a, b], axis=1)
+    for row in (i for i, seed in enumerate(seeds) if seed is None):
+        keys[row] = _fresh.getrandbits(32), _fresh.getrandbits(32)
+    return keys
 
 
 def exponential_noise(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
