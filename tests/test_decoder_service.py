@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import StepRequest, load_decoder

@@ -124,6 +124,7 @@ class Sequence:
         self._unsent = 0  # ids accepted but not yet in a chunk
         self._unsent_log_probs: list[float] = []
         self._sent_end = False
+        self._generation: Generation | None = None
 
     @property
     def end_id(self) -> int:
@@ -184,10 +185,13 @@ class Sequence:
         return chunk if chunk.ids or chunk.text else None
 
     def generation(self) -> Generation:
-        text = self.tokenizer.decode(self.ids)
-        if not self.request.exclude_input_in_output and not self.request.stream:
-            text = self.request.prompt + text
-        return Generation(text=text, ids=self.ids, prompt_tokens=len(self.prompt_ids),
-                          finish_reason=self.finish or "length", log_probs=self.log_probs,
-                          arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
-                          last_token_ns=self.last_token_ns)
+        """The result, once done (decoded once: the final response and the metrics share it)."""
+        if self._generation is None:
+            text = self.tokenizer.decode(self.ids)
+            if not self.request.exclude_input_in_output and not self.request.stream:
+                text = self.request.prompt + text
+            self._generation = Generation(text=text, ids=self.ids, prompt_tokens=len(self.prompt_ids),
+                                          finish_reason=self.finish or "length", log_probs=self.log_probs,
+                                          arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
+                                          last_token_ns=self.last_token_ns)
+        return self._generation

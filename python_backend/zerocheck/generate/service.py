@@ -3,9 +3,9 @@
 `GenerateService.prepare` validates and tokenizes (errors: `InvalidRequest`), `reserve` and
 `admission` bound concurrent sequences to the KV-cache slots plus a bounded queue (beyond it:
 `Overloaded` at once), `serve` runs the request's sequences through the step scheduler and hands
-every response to `send` as output arrays. Everything but `prepare` and `reserve` runs on the
-asyncio event loop of the model; the `generate/1/model.py` adapter injects the BLS calls, the
-sender and the cancellation check.
+every response to `send` as output arrays. It all runs on the model's asyncio event loop (one
+thread); the `generate/1/model.py` adapter injects the BLS calls, the sender and the cancellation
+check.
 """
 from __future__ import annotations
 

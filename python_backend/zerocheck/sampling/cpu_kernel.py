@@ -52,17 +52,6 @@ def _log_noise(key0, key1, counter):
     return math.log(-math.log(u))
 
 
-def _insert(vals, ids, n, v, i):
-    """Insert (v, i) into the descending vals[:n] (after equal values); keeps the first len(vals)."""
-    j = n if n < len(vals) else len(vals) - 1
-    while j > 0 and vals[j - 1] < v:
-        vals[j] = vals[j - 1]
-        ids[j] = ids[j - 1]
-        j -= 1
-    vals[j] = v
-    ids[j] = i
-
-
 def _insert(vals, ids, v, i):
     """Insert (v, i) into the descending vals (after equal values), dropping the last."""
     j = len(vals) - 1

@@ -12,7 +12,6 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zerocheck.serving.inputs import InvalidRequest
 from zerocheck.serving.row_errors import classify
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -84,19 +83,3 @@ def error_response(pb_utils: Any, error: BaseException) -> Any:
 
 def tensors(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> list[Any]:
     return [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-
-
-def scalar_inputs(pb_utils: Any, request: Any, specs: Mapping[str, tuple[Any, type]]) -> dict[str, Any]:
-    """Optional [1, 1] scalar inputs with defaults. specs: name -> (default, python type)."""
-    present = {tensor.name(): tensor for tensor in request.inputs()}  # one call, not one per name
-    values = {}
-    for name, (default, kind) in specs.items():
-        tensor = present.get(name)
-        if tensor is None:
-            values[name] = default
-            continue
-        array = tensor.as_numpy()
-        if array.size != 1:
-            raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(array.shape)}")
-        values[name] = kind(array.reshape(-1)[0].item())
-    return values
