@@ -19,7 +19,7 @@ DASHBOARD = DEPLOY / "grafana" / "zerocheck.json"
 SERVER_METRICS = {
     "zerocheck_requests_total", "zerocheck_degraded_total", "zerocheck_request_errors_total",
     "zerocheck_generated_tokens_total", "zerocheck_active_sequences", "zerocheck_kv_slots_in_use",
-    "zerocheck_kv_slots_total",
+    "zerocheck_kv_slots_total", "zerocheck_decoder_seconds_total",
     *(f"{h}_{suffix}" for h in ("zerocheck_time_to_first_token_seconds", "zerocheck_time_per_output_token_seconds")
       for suffix in ("bucket", "sum", "count")),
 }
@@ -84,7 +84,7 @@ def test_dashboard_has_the_panels() -> None:
     for needle in ('bypass="true"', "zerocheck_time_to_first_token_seconds_bucket",
                    "zerocheck_time_per_output_token_seconds_bucket", "zerocheck_generated_tokens_total",
                    "nv_inference_queue_duration_us", "zerocheck_kv_slots_in_use", "zerocheck_kv_slots_total",
-                   "zerocheck_request_errors_total"):
+                   "zerocheck_request_errors_total", "zerocheck_decoder_seconds_total"):
         assert needle in exprs, needle
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
