@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import requests
@@ -46,9 +46,11 @@ def decode_result(result: grpcclient.InferResult) -> dict[str, Any]:
 
 def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] | None = None,
                   headers: dict[str, str] | None = None, model: str = "ensemble", timeout: float = 120.0,
-                  cancel_after: int | None = None) -> list[dict[str, Any]]:
+                  cancel_after: int | None = None,
+                  on_response: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Stream one request; returns decoded responses (with `t` = seconds since sending) in arrival
-    order. Raises the server's error. With cancel_after, cancels after that many responses."""
+    order. Raises the server's error. With cancel_after, cancels after that many responses;
+    on_response sees each response as it arrives."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error, time.perf_counter())),
@@ -65,6 +67,8 @@ def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] |
             response = result.get_response()
             if response.outputs:
                 out.append({**decode_result(result), "t": at - start})
+                if on_response is not None:
+                    on_response(out[-1])
             if response.parameters.get("triton_final_response") and response.parameters["triton_final_response"].bool_param:
                 return out
             if cancel_after is not None and len(out) >= cancel_after:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,11 +46,12 @@ def slots_in_use(server) -> float:
     return float(match.group(1)) if match else -1.0
 
 
-def outcome(server, fields) -> tuple[str, str, float]:
-    """("ok", finish_reason, seconds) or ("error", message, seconds)."""
+def outcome(server, fields, started: threading.Event | None = None) -> tuple[str, str, float]:
+    """("ok", finish_reason, seconds) or ("error", message, seconds); sets `started` at the first token."""
     start = time.perf_counter()
     try:
-        responses = grpc_generate(server.grpc_url, fields, timeout=ERROR_WITHIN_S)
+        responses = grpc_generate(server.grpc_url, fields, timeout=ERROR_WITHIN_S,
+                                  on_response=started and (lambda response: started.set()))
     except InferenceServerException as error:
         return "error", error.message(), time.perf_counter() - start
     except Exception as error:  # e.g. the stream's queue timed out: a hang
@@ -108,10 +110,11 @@ def test_killed_stub_turns_the_server_not_ready_and_clients_get_errors(server_fa
     regions = {arg for child in psutil.Process(server.pid).children(recursive=True) for arg in child.cmdline()
                if "shm_region" in arg}
     assert health_ready(server) == 200
-    long_stream = {"text_input": PROMPT, "max_tokens": 200, "stream": True}
+    long_stream = {"text_input": PROMPT, "max_tokens": 200, "stream": True, "end_id": -1}  # no early EOS
+    started = [threading.Event() for _ in range(4)]
     with ThreadPoolExecutor(4) as pool:
-        in_flight = [pool.submit(outcome, server, long_stream) for _ in range(4)]
-        time.sleep(1.0)  # the streams are generating
+        in_flight = [pool.submit(outcome, server, long_stream, event) for event in started]
+        assert all(event.wait(ERROR_WITHIN_S) for event in started)  # every stream is generating
         killed_at = time.perf_counter()
         stub_of(server, model).kill()
         after = pool.submit(outcome, server, {"text_input": PROMPT, "max_tokens": 4, "stream": True})

@@ -101,11 +101,14 @@ class TritonPythonModel:
                                        config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0))
         self.metrics = GenerateMetrics(pb_utils)
         self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
-        self.tasks = set()
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
         self.watchdog = StubWatchdog(stop_server).start() if config.get("exit_on_dead_instance", "true") == "true" else None
 
     async def execute(self, requests):
+        """Serves `requests` to their final responses. The stub runs a decoupled model's coroutine in the
+        background (it does not wait for it), so this lives as long as its requests; one that returned at
+        once would race the stub's bookkeeping of it ("Cannot remove future from background")."""
+        served = []
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -116,10 +119,8 @@ class TritonPythonModel:
                 self.metrics.error(type(error).__name__)
                 send(sender, error=error, final=True)
                 continue
-            task = asyncio.ensure_future(self.serve(request, sender, prepared))
-            self.tasks.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self.tasks.discard)
-        return None
+            served.append(self.serve(request, sender, prepared))
+        await asyncio.gather(*served)
 
     async def serve(self, request, sender, prepared) -> None:
         """Run the request to its final response; every request ends with the final flag, never a traceback."""
