@@ -46,3 +46,22 @@ def test_quantised_logits_with_ties_at_the_kth_value() -> None:
 
 def test_the_cpu_runner_is_the_compiled_kernel() -> None:
     assert make_sampler(1000, 8, "cpu").compiled
+
+
+@pytest.mark.parametrize("case", ["plain", "nan_in_tail", "all_neg_inf", "tied_max", "pos_inf"])
+def test_single_rows_take_the_serial_kernel_and_match_eager(case: str) -> None:
+    """One row at a time (the kernel without threads); V = 1000 leaves a tail past the whole blocks."""
+    eager, compiled = ZeroCheckSampler(), ZeroCheckSampler(compiled=True)
+    for b, params in enumerate(MIXED):
+        logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(b))
+        if case == "nan_in_tail":
+            logits[0, 997] = float("nan")
+        elif case == "all_neg_inf":
+            logits[:] = -float("inf")
+        elif case == "tied_max":
+            logits[0, [5, 600, 990]] = 10.0
+        elif case == "pos_inf":
+            logits[0, [40, 995]] = float("inf")
+        expected = eager.sample(logits, [params], [[3, 17]], 2)
+        got = compiled.sample(logits, [params], [[3, 17]], 2)
+        assert got.tokens.tolist() == expected.tokens.tolist() and got.errors == expected.errors, params

@@ -65,48 +65,49 @@ def _insert(vals, ids, v, i):
 
 def _top_candidates(row, vals, ids):
     """Fill vals/ids with the len(vals) largest values of row (descending; -inf, id -1 when the row has
-    fewer finite ones) and their ids; returns whether the row holds NaN. A vectorised loop checks each
-    block of BLOCK values against the current last candidate; only a block holding a larger value is
-    scanned again to insert it, which soon is rare."""
+    fewer finite ones) and their ids; returns whether the row holds NaN. A vectorised loop counts, in
+    each block of BLOCK values, those above the current last candidate (fixed trip count and integer
+    sums: the loop compiles to SIMD compares); only a block holding one is scanned again to insert it,
+    which soon is rare. The tail past the last whole block is checked value by value."""
     vals[:] = -np.inf
     ids[:] = -1
     low = vals[-1]  # float32, as the row: the block test stays a float32 compare
-    nan = False
+    nan = 0
     vocab = row.shape[0]
-    for start in range(0, vocab, BLOCK):
-        stop = min(start + BLOCK, vocab)
-        hit = False
-        for i in range(start, stop):
-            v = row[i]
-            nan |= v != v
-            hit |= v > low
-        if hit:
-            for i in range(start, stop):
+    whole = vocab - vocab % BLOCK
+    for start in range(0, whole, BLOCK):
+        above = 0
+        for i in range(BLOCK):
+            v = row[start + i]
+            nan += v != v
+            above += v > low
+        if above:
+            for i in range(start, start + BLOCK):
                 if row[i] > low:
                     _insert(vals, ids, row[i], i)
                     low = vals[-1]
-    return nan
+    for i in range(whole, vocab):
+        v = row[i]
+        nan += v != v
+        if v > low:
+            _insert(vals, ids, v, i)
+            low = vals[-1]
+    return nan > 0
 
 
 def _draw_rows(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied):
     """Per selected row r = rows[j]: tokens[r], row_max[r]; kth_out[j] and tied[j] for top-k rows."""
     for j in numba.prange(rows.shape[0]):
         r = rows[j]
-        row = x[r]
-        if greedy[j]:
-            best, arg = row[0], 0
-            for i in range(1, row.shape[0]):
-                v = row[i]
-                if v > best or (v != v and best == best):
-                    best, arg = v, i
-            tokens[r], row_max[r] = arg, best
-            continue
         k = top_k[j]
-        width = k + 1
+        width = 1 if greedy[j] else k + 1  # greedy: the first largest value (ties keep the lowest id)
         vals = np.empty(width, np.float32)
         ids = np.empty(width, np.int64)
-        if _top_candidates(row, vals, ids):
+        if _top_candidates(x[r], vals, ids):
             tokens[r], row_max[r] = -1, np.nan
+            continue
+        if greedy[j]:
+            tokens[r], row_max[r] = max(ids[0], 0), vals[0]
             continue
         row_max[r] = vals[0]
         kth_out[j] = vals[k - 1]
@@ -141,6 +142,7 @@ if numba is not None:
     _log_noise = numba.njit(inline="always", cache=True)(_log_noise)
     _insert = numba.njit(cache=True)(_insert)
     _top_candidates = numba.njit(cache=True)(_top_candidates)
+    _draw_rows_serial = numba.njit(cache=True)(_draw_rows)  # prange runs as range: no thread hand-off
     _draw_rows = numba.njit(parallel=True, cache=True)(_draw_rows)
 
 
@@ -153,7 +155,8 @@ def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], 
     greedy = np.array([batch.greedy[r] for r in rows])
     top_k = np.array([batch.top_k_list[r] if not batch.greedy[r] else 1 for r in rows], dtype=np.int64)
     kth, tied = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.bool_)
-    _draw_rows(x.numpy(), index.numpy(), greedy, top_k, batch.temperature[index].numpy(),
+    draw = _draw_rows if len(rows) > 1 else _draw_rows_serial
+    draw(x.numpy(), index.numpy(), greedy, top_k, batch.temperature[index].numpy(),
                batch.top_p[index].numpy(), torch.log(batch.min_p[index]).numpy(), batch.keys[index].numpy(),
                tokens.numpy(), row_max.numpy(), kth, tied)
     tied_at = np.flatnonzero(tied)
