@@ -225,7 +225,7 @@ def test_seeded_row_independent_of_batch_position(path: str, vocab: int) -> None
         row = torch.from_numpy(logits_row(vocab, 30 + t, scale=2.0))
         for step in (0, 5):
             alone = int(sample(row.unsqueeze(0), [target], [history], step)[0])
-            for position, count in [(0, 3), (2, 3), (5, 6), (1, 5)]:
+            for position, count in [(0, 3), (2, 3), (5, 6), (1, 5), (9, 12)]:  # 12 rows: the vectorised row keys
                 neighbours = [NEIGHBOURS[(position + i) % len(NEIGHBOURS)] for i in range(count)]
                 params = neighbours[:position] + [target] + neighbours[position + 1:]
                 others = torch.from_numpy(rng.normal(0, 3, (count, vocab)).astype(np.float32))

@@ -12,6 +12,7 @@ import triton_python_backend_utils as pb_utils
 from zerocheck.decoder import load_decoder
 from zerocheck.sampling.cuda_graph import make_sampler
 from zerocheck.serving.decoder_service import DecoderService, StepRows, parse_step_rows
+from zerocheck.serving.metrics import DeferredMetrics
 from zerocheck.serving.row_errors import row_error_text
 from zerocheck.serving.sampler_inputs import parse_sampler_rows
 from zerocheck.serving.triton import ModelConfig, error_response
@@ -58,6 +59,7 @@ class TritonPythonModel:
         self.stage_seconds = {stage: self.families[2].Metric(labels={**labels, "stage": stage})
                               for stage in ("forward", "sample")}
         self.kv_capacity.set(engine.pool.max_slots)
+        self.metrics = DeferredMetrics(config.get_float("metrics_interval_s", 0.25))
 
     def execute(self, requests):
         if self.delay_s:
@@ -76,7 +78,8 @@ class TritonPythonModel:
             answers = [error] * len(parsed)
         for i, answer in zip(indices, answers):
             responses[i] = error_response(pb_utils, answer) if isinstance(answer, Exception) else respond(answer)
-        self.stage_seconds["forward"].increment(self.service.forward_s - before[0])
-        self.stage_seconds["sample"].increment(self.service.sample_s - before[1])
-        self.kv_slots.set(self.service.engine.pool.in_use)
+        self.metrics.increment(self.stage_seconds["forward"], self.service.forward_s - before[0])
+        self.metrics.increment(self.stage_seconds["sample"], self.service.sample_s - before[1])
+        self.metrics.set(self.kv_slots, self.service.engine.pool.in_use)
+        self.metrics.flush()
         return responses

@@ -66,6 +66,8 @@ class StepScheduler:
                 running = [entry for entry in active if not entry.seq.done]
                 calls = [entry.seq.next_call() for entry in running]
                 stepping = asyncio.ensure_future(self._step_all(path, calls)) if calls else None
+                if stepping is not None:
+                    await asyncio.sleep(0)  # the step task runs to its model call before the sends below
                 for entry in active:  # while the step runs
                     self._deliver(entry)
                 stepped = {id(entry) for entry in running}  # ended before this step, so none is in it
@@ -95,8 +97,13 @@ class StepScheduler:
         """Every call, in batches of at most max_batch rows sent together; a batch that fails as a
         whole fails each of its rows."""
         batches = [calls[i:i + self.max_batch] for i in range(0, len(calls), self.max_batch)]
-        results = await asyncio.gather(*(self._step(path, batch) for batch in batches), return_exceptions=True)
         self.steps += len(batches)
+        if len(batches) == 1:  # called here, not in a task of its own: the call starts without another turn
+            try:
+                return await self._step(path, calls)
+            except Exception as error:
+                return [error] * len(calls)
+        results = await asyncio.gather(*(self._step(path, batch) for batch in batches), return_exceptions=True)
         return [outcome for batch, result in zip(batches, results)
                 for outcome in (result if not isinstance(result, BaseException) else [result] * len(batch))]
 

@@ -29,16 +29,27 @@ def _mix32(z):
     return (z >> 16) ^ z
 
 
+def _key_words(lo, hi, step):
+    """The two key words of a row from its seed's 32-bit halves and its step: Python ints or int64
+    arrays alike (the same operators)."""
+    s = _mix32((step & _M32) ^ _GOLDEN)
+    a = _mix32(lo ^ _mix32(hi ^ s))
+    return a, _mix32(a ^ _mix32((step >> 32) ^ 0x5BD1E995 ^ hi))
+
+
+SMALL_BATCH = 8  # up to this many rows, Python ints beat numpy's per-call cost
+
+
 def row_keys(seeds: Sequence[int | None], steps: Sequence[int]) -> np.ndarray:
     """[R, 2] int64: two 32-bit words per row that identify its noise stream at its decode step,
     computed for all rows at once; unseeded rows get fresh random words."""
+    if len(seeds) <= SMALL_BATCH:
+        words = [_key_words(seed & _M32, seed >> 32, int(step)) if seed is not None
+                 else (_fresh.getrandbits(32), _fresh.getrandbits(32)) for seed, step in zip(seeds, steps)]
+        return np.array(words, dtype=np.int64).reshape(-1, 2)
     seeded = np.array([0 if seed is None else seed for seed in seeds], dtype=np.uint64)
     lo, hi = (seeded & np.uint64(_M32)).astype(np.int64), (seeded >> np.uint64(32)).astype(np.int64)
-    step = np.asarray(steps, dtype=np.int64).reshape(-1)
-    s = _mix32((step & _M32) ^ _GOLDEN)
-    a = _mix32(lo ^ _mix32(hi ^ s))
-    b = _mix32(a ^ _mix32((step >> 32) ^ 0x5BD1E995 ^ hi))
-    keys = np.stack([a, b], axis=1)
+    keys = np.stack(_key_words(lo, hi, np.asarray(steps, dtype=np.int64).reshape(-1)), axis=1)
     for row in (i for i, seed in enumerate(seeds) if seed is None):
         keys[row] = _fresh.getrandbits(32), _fresh.getrandbits(32)
     return keys
