@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from zerocheck.bench.triton_stats import ModelTime, delta, snapshot
+from zerocheck.bench.triton_stats import ModelTime, delta, snapshot, wait_until_idle
 from zerocheck.clients import Client
 from zerocheck.serve import TritonServer
 from zerocheck.serving.triton import REPO_ROOT
@@ -68,6 +68,7 @@ def run_level(server: TritonServer, path: str, concurrency: int, max_tokens: int
         samples = list(pool.map(lambda i: one_request(server.grpc_url, i, path, max_tokens, sampling),
                                 range(concurrency)))
     wall = time.perf_counter() - start
+    wait_until_idle(server.metrics_url)
     return Run(path, concurrency, wall, samples, delta(before, snapshot(server.http_url, server.metrics_url)))
 
 
@@ -100,10 +101,10 @@ class Row:
     tpot_p50_ms: float
     tpot_p95_ms: float
     tokens_per_s: float
-    decoder_ms_per_step: float  # the decoder's execute (Triton's compute_infer) but its fused sampler
+    decoder_ms_per_step: float  # the decoder's forward (its compute, the KV-cache gather included)
     sampler_ms_per_step: float  # the fused zero-check sampler, or the checked chain's models' execute
     transport_ms_per_step: float  # Triton copying those models' tensors in and out (compute_input + output)
-    overhead_ms_per_step: float  # TPOT p50 - decoder - sampler: transport, BLS hops, the loop, responses
+    overhead_ms_per_step: float  # TPOT p50 - decoder - sampler: everything else (Triton overhead)
     decoder_batch: float
 
 
@@ -118,7 +119,7 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
     steps = max(decoder.executions, 1)
     samplers = [models.get(m, ModelTime()) for m in SAMPLER_MODELS[path]]
     sampler_ms = (decoder.sample_ns + sum(m.infer_ns for m in samplers)) / steps / 1e6
-    decoder_ms = (decoder.infer_ns - decoder.sample_ns) / steps / 1e6
+    decoder_ms = decoder.forward_ns / steps / 1e6
     transport_ms = sum(m.input_ns + m.output_ns for m in [decoder, *samplers]) / steps / 1e6
     tpot_p50 = percentile([s.tpot_s for s in samples], 50) * 1e3
     return Row(vocab, runs[0].concurrency, path,

@@ -7,6 +7,7 @@ run's time went: per execution (one batched decode step) and per inference (one 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 import requests
@@ -22,6 +23,7 @@ class ModelTime:
     input_ns: int = 0  # compute_input: Triton copying the inputs in (to the stub's shared memory)
     infer_ns: int = 0  # compute_infer: the model's execute
     output_ns: int = 0  # compute_output: Triton taking the outputs back
+    forward_ns: int = 0  # decoder only: the part of infer spent in the forward (the model's compute)
     sample_ns: int = 0  # decoder only: the part of infer spent in the fused zero-check sampler
 
     @property
@@ -35,6 +37,7 @@ class ModelTime:
         self.input_ns += other.input_ns
         self.infer_ns += other.infer_ns
         self.output_ns += other.output_ns
+        self.forward_ns += other.forward_ns
         self.sample_ns += other.sample_ns
 
     def compute_ms_per_execution(self) -> float:
@@ -47,12 +50,13 @@ class ModelTime:
         return self.inferences / self.executions if self.executions else 0.0
 
 
-SAMPLE_SECONDS = re.compile(r'^zerocheck_decoder_seconds_total\{[^}]*stage="sample"[^}]*\} (\S+)$', re.M)
+STAGE_SECONDS = re.compile(r'^zerocheck_decoder_seconds_total\{[^}]*stage="(\w+)"[^}]*\} (\S+)$', re.M)
+KV_SLOTS_IN_USE = re.compile(r'^zerocheck_kv_slots_in_use\{[^}]*\} (\S+)$', re.M)
 
 
 def snapshot(http_url: str, metrics_url: str | None = None) -> dict[str, ModelTime]:
-    """Cumulative times of every model now; with metrics_url, also the decoder's fused sampler time
-    (its `zerocheck_decoder_seconds_total{stage="sample"}` counter)."""
+    """Cumulative times of every model now; with metrics_url, also the decoder's forward and fused
+    sampler times (its `zerocheck_decoder_seconds_total{stage}` counters)."""
     stats = requests.get(f"http://{http_url}/v2/models/stats", timeout=30).json()["model_stats"]
     out = {}
     for model in stats:
@@ -62,9 +66,21 @@ def snapshot(http_url: str, metrics_url: str | None = None) -> dict[str, ModelTi
             queue_ns=int(s["queue"]["ns"]), input_ns=int(s["compute_input"]["ns"]),
             infer_ns=int(s["compute_infer"]["ns"]), output_ns=int(s["compute_output"]["ns"]))
     if metrics_url is not None and "decoder" in out:
-        found = SAMPLE_SECONDS.search(requests.get(f"http://{metrics_url}/metrics", timeout=30).text)
-        out["decoder"].sample_ns = int(float(found.group(1)) * 1e9) if found else 0
+        stages = dict(STAGE_SECONDS.findall(requests.get(f"http://{metrics_url}/metrics", timeout=30).text))
+        out["decoder"].forward_ns = int(float(stages.get("forward", 0)) * 1e9)
+        out["decoder"].sample_ns = int(float(stages.get("sample", 0)) * 1e9)
     return out
+
+
+def wait_until_idle(metrics_url: str, timeout_s: float = 10.0) -> None:
+    """Wait until the decoder holds no KV slot: every sequence released, so its metrics are pushed
+    (`DeferredMetrics`) and a snapshot taken now holds the whole run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = KV_SLOTS_IN_USE.findall(requests.get(f"http://{metrics_url}/metrics", timeout=30).text)
+        if found and not any(float(value) for value in found):
+            return
+        time.sleep(0.05)
 
 
 def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str, ModelTime]:
@@ -74,5 +90,5 @@ def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str
         b = before.get(name, ModelTime())
         out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences, a.queue_ns - b.queue_ns,
                               a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns,
-                              a.sample_ns - b.sample_ns)
+                              a.forward_ns - b.forward_ns, a.sample_ns - b.sample_ns)
     return out

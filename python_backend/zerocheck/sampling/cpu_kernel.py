@@ -162,6 +162,17 @@ if numba is not None:
     _draw_rows = numba.njit(parallel=True, cache=True)(_draw_rows)
 
 
+def warm_up() -> None:
+    """Compile (or load from the disk cache) both row loops now, with the argument types
+    `draw_candidate_rows` passes: the first steps then pay no compilation (seconds)."""
+    for rows in (1, PARALLEL_ROWS):
+        ones = np.ones(rows, np.float32)
+        draw = _draw_rows if rows >= PARALLEL_ROWS else _draw_rows_serial
+        draw(np.zeros((rows, 4 * BLOCK), np.float32), np.arange(rows, dtype=np.int64), np.zeros(rows, np.bool_),
+             np.ones(rows, np.int64), ones, ones, np.full(rows, -np.inf, np.float32), np.zeros((rows, 2), np.int64),
+             np.zeros(rows, np.int64), np.zeros(rows, np.float32), np.zeros(rows, np.float32), np.zeros(rows, np.bool_))
+
+
 def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
                         row_max: torch.Tensor) -> tuple[list[int], torch.Tensor]:
     """Draw the greedy and top-k `rows` of x [B, V] float32 (contiguous, CPU, penalties applied)

@@ -53,6 +53,8 @@ def as_float32(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
 def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, batch: SamplingBatch) -> None:
     """Sampled rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them,
     in place (greedy rows keep the first +inf). x: [B, V] penalised logits; tokens: [B] int64."""
+    if not bool((row_max == math.inf).any()):  # the common case, in one op
+        return
     sampled = ~torch.tensor(batch.greedy, dtype=torch.bool, device=row_max.device)
     posinf = ((row_max == math.inf) & sampled).nonzero().flatten()
     if len(posinf):
@@ -83,6 +85,8 @@ class ZeroCheckSampler:
     def __init__(self, compiled: bool = False) -> None:
         self._workspace = Workspace()
         self.compiled = compiled and cpu_kernel.available()
+        if self.compiled:
+            cpu_kernel.warm_up()
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
