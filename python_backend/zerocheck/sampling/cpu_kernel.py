@@ -8,7 +8,8 @@ min-p, and the exponential race with the same counter-based noise, so a row gets
 eager torch path gives (up to the last-ulp rounding of exp/log). Rows run in parallel from
 PARALLEL_ROWS of them on.
 
-Compiled on first use (cached on disk when the package directory is writable); `available()` says
+Compiled by `warm_up` when a compiled sampler is made (cached on disk when the package directory is
+writable); `available()` says
 whether numba is importable. The choice of kernel or eager torch is made once, by `make_sampler`.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ import math
 import numpy as np
 import torch
 
-from .batch import SamplingBatch
+from .batch import SamplingBatch, build_batch
+from .params import SamplingParams
 
 BLOCK = 64
 # from this many rows on, spreading them over threads beats the ~0.1 ms it takes to wake them
@@ -163,14 +165,12 @@ if numba is not None:
 
 
 def warm_up() -> None:
-    """Compile (or load from the disk cache) both row loops now, with the argument types
-    `draw_candidate_rows` passes: the first steps then pay no compilation (seconds)."""
+    """Compile (or load from the disk cache) both row loops now, through `draw_candidate_rows` so the
+    argument types are the ones a step passes: the first steps then pay no compilation (seconds)."""
     for rows in (1, PARALLEL_ROWS):
-        ones = np.ones(rows, np.float32)
-        draw = _draw_rows if rows >= PARALLEL_ROWS else _draw_rows_serial
-        draw(np.zeros((rows, 4 * BLOCK), np.float32), np.arange(rows, dtype=np.int64), np.zeros(rows, np.bool_),
-             np.ones(rows, np.int64), ones, ones, np.full(rows, -np.inf, np.float32), np.zeros((rows, 2), np.int64),
-             np.zeros(rows, np.int64), np.zeros(rows, np.float32), np.zeros(rows, np.float32), np.zeros(rows, np.bool_))
+        batch = build_batch([SamplingParams(top_k=1)] * rows, 4 * BLOCK, None, 0)
+        draw_candidate_rows(torch.zeros(rows, 4 * BLOCK), batch, list(range(rows)),
+                            torch.empty(rows, dtype=torch.int64), torch.empty(rows))
 
 
 def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,

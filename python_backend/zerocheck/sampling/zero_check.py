@@ -53,10 +53,11 @@ def as_float32(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
 def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, batch: SamplingBatch) -> None:
     """Sampled rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them,
     in place (greedy rows keep the first +inf). x: [B, V] penalised logits; tokens: [B] int64."""
-    if not bool((row_max == math.inf).any()):  # the common case, in one op
+    at_posinf = row_max == math.inf
+    if not bool(at_posinf.any()):  # the common case
         return
     sampled = ~torch.tensor(batch.greedy, dtype=torch.bool, device=row_max.device)
-    posinf = ((row_max == math.inf) & sampled).nonzero().flatten()
+    posinf = (at_posinf & sampled).nonzero().flatten()
     if len(posinf):
         tokens[posinf] = ops.draw_among_posinf(x[posinf], batch.keys[posinf])
 

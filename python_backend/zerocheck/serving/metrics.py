@@ -86,20 +86,18 @@ class DeferredMetrics:
         self.interval_s, self.clock = interval_s, clock
         self._counts: dict[int, list] = {}  # id(metric) -> [metric, amount not yet pushed]
         self._gauges: dict[int, list] = {}  # id(metric) -> [metric, value, value last pushed]
-        self._changed = False
         self._pushed_at = -math.inf
 
     def increment(self, metric: Any, amount: float) -> None:
         self._counts.setdefault(id(metric), [metric, 0.0])[1] += amount
 
     def set(self, metric: Any, value: float) -> None:
-        entry = self._gauges.setdefault(id(metric), [metric, value, None])
-        entry[1] = value
-        self._changed |= entry[2] != value
+        self._gauges.setdefault(id(metric), [metric, value, None])[1] = value
 
     def flush(self) -> None:
         now = self.clock()
-        if not self._changed and now - self._pushed_at < self.interval_s:
+        changed = any(entry[2] != entry[1] for entry in self._gauges.values())
+        if not changed and now - self._pushed_at < self.interval_s:
             return
         for entry in self._counts.values():
             if entry[1]:
@@ -109,4 +107,4 @@ class DeferredMetrics:
             if entry[2] != entry[1]:
                 entry[0].set(entry[1])
                 entry[2] = entry[1]
-        self._changed, self._pushed_at = False, now
+        self._pushed_at = now
