@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -26,18 +26,21 @@ class AsyncClient(ClientSettings):
 
     async def generate(self, prompt: str, *, timeout: float | None = None, **kwargs: Any) -> GenerateResult:
         """The whole completion; arguments as `Client.generate`."""
-        stream = self.stream(prompt, timeout=timeout, **kwargs)
-        try:
-            async for event in stream:
-                if event.final is not None:
-                    return event.final
-        finally:
-            await stream.aclose()
-        raise Cancelled("the stream ended without a result")
+        return await _result(self.stream(prompt, timeout=timeout, **kwargs))
 
     def stream(self, prompt: str, *, timeout: float | None = None, **kwargs: Any) -> AsyncIterator[TokenEvent]:
         """TokenEvents as they arrive; the last one has `.final`."""
         return self._run(GenerateRequest.build(prompt, **kwargs), self._timeout(timeout))
+
+    async def chat(self, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None,
+                   **kwargs: Any) -> GenerateResult:
+        """The assistant's reply to `messages`; arguments as `Client.chat`."""
+        return await _result(self.chat_stream(messages, timeout=timeout, **kwargs))
+
+    def chat_stream(self, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None,
+                    **kwargs: Any) -> AsyncIterator[TokenEvent]:
+        """TokenEvents of the assistant's reply to `messages`."""
+        return self._run(GenerateRequest.build(None, messages=messages, **kwargs), self._timeout(timeout))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -91,3 +94,13 @@ class AsyncClient(ClientSettings):
             for task in running.values():
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+
+async def _result(stream: AsyncIterator[TokenEvent]) -> GenerateResult:
+    try:
+        async for event in stream:
+            if event.final is not None:
+                return event.final
+    finally:
+        await stream.aclose()
+    raise Cancelled("the stream ended without a result")

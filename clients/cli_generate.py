@@ -6,27 +6,19 @@ import json
 import sys
 
 from zerocheck.clients.attempts import DEFAULT_HEDGE_AFTER_S
-from zerocheck.clients.cli_options import add_connection_arguments, url_of
+from zerocheck.clients.cli_options import add_connection_arguments, add_generation_arguments, generation_kwargs, url_of
 from zerocheck.clients.client import Client
 from zerocheck.clients.errors import ZerocheckError
-from zerocheck.clients.request import SAMPLING_NAMES
 from zerocheck.clients.response import GenerateResult
-from zerocheck.sampling import SAMPLING_PARAMETERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt")
+    parser.add_argument("--chat", action="store_true",
+                        help="send the prompt as one user turn of a chat (the model's chat template applies)")
     add_connection_arguments(parser)
-    parser.add_argument("--model", default="ensemble", help="generate or ensemble (default)")
+    add_generation_arguments(parser)
     parser.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    parser.add_argument("--max-tokens", type=int, help="tokens to generate (default: the server's)")
-    for spec in SAMPLING_PARAMETERS:
-        parser.add_argument(f"--{spec.name.replace('_', '-')}", type=spec.kind,
-                            help=f"{spec.doc}; in {spec.interval()}, default {spec.default}")
-    parser.add_argument("--seed", type=int, help="same seed, same tokens")
-    parser.add_argument("--stop", action="append", help="stop word (repeatable)")
-    parser.add_argument("--bad-words", action="append", help="word that never appears (repeatable)")
-    parser.add_argument("--zerocheck", choices=("on", "off"), default="on", help="zero-check sampler path")
     parser.add_argument("--json", action="store_true", help="one JSON object per line: events, then the final")
     parser.add_argument("--timeout", type=float, default=60.0, help="total deadline in seconds (default 60)")
     parser.add_argument("--retries", type=int, default=3, help="retries before the first token (default 3)")
@@ -45,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
     client = Client(url_of(args), args.protocol, args.model, connect_timeout=args.connect_timeout,
                     timeout=args.timeout, retries=args.retries, hedge_after_s=args.hedge_after_s,
                     api_key=args.api_key)
-    sampling = {name: getattr(args, name) for name in SAMPLING_NAMES}
+    kwargs = generation_kwargs(args)
+    events = client.chat_stream([{"role": "user", "content": args.prompt}], **kwargs) if args.chat \
+        else client.stream(args.prompt, **kwargs)
     try:
-        for event in client.stream(args.prompt, max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
-                                   bad_words=args.bad_words, zerocheck=args.zerocheck == "on", **sampling):
+        for event in events:
             if args.json and (args.stream or event.final):
                 print(json.dumps(event.final.to_dict() if event.final else event.to_dict()), flush=True)
             elif args.stream:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from zerocheck.clients.attempts import Attempts
@@ -25,15 +25,23 @@ class Client(ClientSettings):
         top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty), seed, stop, bad_words,
         min_tokens, zerocheck (bool, default True), request_id. Streams on the wire, so TTFT, hedging and
         retries before the first token work the same as for `stream`."""
-        for event in self.stream(prompt, timeout=timeout, **kwargs):
-            if event.final is not None:
-                return event.final
-        raise Cancelled("the stream ended without a result")
+        return _result(self.stream(prompt, timeout=timeout, **kwargs))
 
     def stream(self, prompt: str, *, timeout: float | None = None, **kwargs: Any) -> Iterator[TokenEvent]:
         """TokenEvents as they arrive; the last one has `.final`. Closing the generator (break) cancels
         the request on the server."""
         return self._run(GenerateRequest.build(prompt, **kwargs), self._timeout(timeout))
+
+    def chat(self, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None,
+             **kwargs: Any) -> GenerateResult:
+        """The assistant's reply to `messages` ([{"role": "system"|"user"|"assistant", "content": str}]),
+        rendered by the server with the model's chat template; arguments as `generate`."""
+        return _result(self.chat_stream(messages, timeout=timeout, **kwargs))
+
+    def chat_stream(self, messages: Sequence[Mapping[str, str]], *, timeout: float | None = None,
+                    **kwargs: Any) -> Iterator[TokenEvent]:
+        """TokenEvents of the assistant's reply to `messages`, as `stream`."""
+        return self._run(GenerateRequest.build(None, messages=messages, **kwargs), self._timeout(timeout))
 
     def _run(self, request: GenerateRequest, timeout: float) -> Iterator[TokenEvent]:
         state = Attempts(self.policy, timeout)
@@ -67,3 +75,10 @@ class Client(ClientSettings):
         finally:
             for attempt in running.values():
                 attempt.cancel()
+
+
+def _result(events: Iterator[TokenEvent]) -> GenerateResult:
+    for event in events:
+        if event.final is not None:
+            return event.final
+    raise Cancelled("the stream ended without a result")

@@ -6,6 +6,8 @@ so its message reaches the caller unchanged.
 """
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +25,13 @@ _NUMPY_OF = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A generate call. None (or empty) fields are not sent: the server's default applies.
+    """A generate call: a prompt, or `messages` (a chat the server renders with the model's chat
+    template). None (or empty) fields are not sent: the server's default applies.
 
     sampling: SAMPLING_PARAMETERS name -> value (temperature, top_k, top_p, ...).
     """
 
-    prompt: str
+    prompt: str | None
     max_tokens: int | None = None
     sampling: dict[str, float] = field(default_factory=dict)
     seed: int | None = None
@@ -37,9 +40,10 @@ class GenerateRequest:
     min_tokens: int | None = None
     zerocheck: bool = True
     request_id: str | None = None
+    messages: tuple[dict[str, str], ...] | None = None
 
     @classmethod
-    def build(cls, prompt: str, *, stop: str | list[str] | tuple[str, ...] | None = None,
+    def build(cls, prompt: str | None, *, messages: Sequence[Mapping[str, str]] | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
               bad_words: str | list[str] | tuple[str, ...] | None = None, **fields: Any) -> GenerateRequest:
         """From `generate()` keyword arguments; sampling knobs are split off by name (unknown: TypeError)."""
         sampling = {name: fields.pop(name) for name in SAMPLING_NAMES if fields.get(name) is not None}
@@ -48,11 +52,16 @@ class GenerateRequest:
         unknown = set(fields) - {"max_tokens", "seed", "min_tokens", "zerocheck", "request_id"}
         if unknown:
             raise TypeError(f"unknown generate argument(s): {', '.join(sorted(unknown))}")
-        return cls(prompt, sampling=sampling, stop=_words(stop), bad_words=_words(bad_words), **fields)
+        if (prompt is None) == (messages is None):
+            raise TypeError("give a prompt or messages, not both")
+        chat = tuple(dict(message) for message in messages) if messages is not None else None
+        return cls(prompt, sampling=sampling, stop=_words(stop), bad_words=_words(bad_words), messages=chat, **fields)
 
     def values(self) -> dict[str, Any]:
         """Model input name -> python value (list for word inputs), always streamed on the wire."""
-        values: dict[str, Any] = {"text_input": self.prompt, "stream": True, **self.sampling}
+        prompt = {"messages": json.dumps(list(self.messages))} if self.messages is not None else \
+            {"text_input": self.prompt}
+        values: dict[str, Any] = {**prompt, "stream": True, **self.sampling}
         optional = {"max_tokens": self.max_tokens, "min_tokens": self.min_tokens, "seed": self.seed,
                     "stop_words": list(self.stop), "bad_words": list(self.bad_words)}
         values.update({name: value for name, value in optional.items() if value not in (None, [])})

@@ -23,7 +23,7 @@ def test_artifacts_dir() -> Path:
     except ImportError:
         return REPO_ROOT / "artifacts"
     out = REPO_ROOT / "artifacts-test"
-    options = BuildOptions(vocab_size=600, layers=1, hidden=32, heads=2, kv_heads=1, max_seq_len=256,
+    options = BuildOptions(model="tiny", vocab_size=600, layers=1, hidden=32, heads=2, kv_heads=1, max_seq_len=256,
                            tokenizer_corpus_files=5)
     build_artifacts(options, out)
     return out

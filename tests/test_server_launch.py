@@ -116,4 +116,5 @@ def test_serve_demo_streams_generate(tritonserver_binary: Path, tmp_path: Path,
                               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
     assert cli.run(args) == 0
     out = capsys.readouterr().out
-    assert cli.DEMO_PROMPT + cli.DEMO_PROMPT[::-1] in out and "tritonserver stopped" in out
+    assert f"user> {cli.DEMO_QUESTION}\nassistant> {cli.DEMO_QUESTION[::-1]}" in out
+    assert "tritonserver stopped" in out

@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "build": ("zerocheck.build.cli", "build the artifacts the model repository serves"),
     "serve": ("zerocheck.serve.cli", "start tritonserver on the model repository"),
     "generate": ("zerocheck.clients.cli_generate", "generate text from a running server"),
+    "chat": ("zerocheck.clients.cli_chat", "chat with the served model in the terminal"),
     "health": ("zerocheck.clients.cli_health", "check server and model readiness"),
     "load": ("zerocheck.loadtests.cli", "run a Locust load test against the server"),
     "bench": ("zerocheck.bench.cli", "end-to-end benchmark of both sampler paths"),

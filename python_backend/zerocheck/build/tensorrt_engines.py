@@ -9,15 +9,12 @@ from pathlib import Path
 
 import torch
 
+from zerocheck.build.errors import BuildError
 from zerocheck.decoder.config import DecoderConfig
 
 TENSORRT_PLAN = "decoder.plan"
 TENSORRT_LLM_DIR = "tensorrt_llm"
 MAX_BATCH = 32
-
-
-class BuildError(RuntimeError):
-    """A build step cannot run; the message says what is missing."""
 
 
 def require_gpu_package(package: str, flag: str) -> None:

@@ -5,6 +5,7 @@ Dynamic axes: batch B, new tokens T, cached positions P. Inputs and outputs are 
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -45,18 +46,20 @@ def export_onnx(model: Transformer, path: Path) -> None:
         {1: batch, 3: past},
     )
     inputs = example_step_inputs(model.eval(), batch=3, new_tokens=4, past=5)
-    with warnings.catch_warnings():  # renaming notes about axes sharing one symbol; expected here
-        warnings.filterwarnings("ignore", message=".*axis name.*", category=UserWarning)
-        program = torch.onnx.export(
-            model,
-            inputs,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            input_names=ONNX_INPUT_NAMES,
-            output_names=ONNX_OUTPUT_NAMES,
-            optimize=True,
-            verbose=False,
-        )
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::..." per op
+    try:
+        with warnings.catch_warnings():
+            # expected here: notes about axes sharing one symbol, and torch's own deprecation of its pytree
+            # LeafSpec check, which the exporter still calls
+            warnings.filterwarnings("ignore", message=".*axis name.*", category=UserWarning)
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            program = torch.onnx.export(model, inputs, dynamo=True, dynamic_shapes=dynamic_shapes,
+                                        input_names=ONNX_INPUT_NAMES, output_names=ONNX_OUTPUT_NAMES,
+                                        optimize=True, verbose=False)
+    finally:
+        exporter_log.setLevel(level)
     program.save(str(path), external_data=False)
 
 

@@ -86,6 +86,14 @@ def ends_with(ids: Seq[int], suffix: Seq[int]) -> bool:
     return len(suffix) > 0 and len(ids) >= len(suffix) and list(ids[len(ids) - len(suffix):]) == list(suffix)
 
 
+def end_ids_of(tokenizer: TextTokenizer, request: GenerateRequest) -> tuple[int, ...]:
+    """The ids that end the sequence: the request's `end_id` (-1: none), else the model's (EOS, its
+    generation config's eos ids and the chat template's end-of-turn token)."""
+    if request.end_id is None:
+        return tokenizer.end_ids
+    return () if request.end_id < 0 else (request.end_id,)
+
+
 def sampling_for(tokenizer: TextTokenizer, request: GenerateRequest, index: int = 0) -> SamplingParams:
     """Request sampling params with bad words and embedding-bias words turned into token ids. Sequence
     `index` of a request draws with seed + index; an unseeded request gets a fresh random seed, so
@@ -107,8 +115,10 @@ class Sequence:
         self.cancelled = cancelled
         self.seq_id = uuid.uuid4().hex
         self.sampling = sampling_for(tokenizer, request, index)
-        self._min_tokens_sampling = replace(self.sampling, bad_words=self.sampling.bad_words + ((self.end_id,),)) \
-            if self.end_id >= 0 and request.min_tokens else self.sampling
+        self.end_ids = end_ids_of(tokenizer, request)
+        self._min_tokens_sampling = replace(
+            self.sampling, bad_words=self.sampling.bad_words + tuple((end,) for end in self.end_ids)) \
+            if self.end_ids and request.min_tokens else self.sampling
         self.stop_ids = [ids for ids in tokenizer.token_ids_of(list(request.stop_words)) if ids]
         self.max_tokens = min(request.max_tokens, max_context - len(prompt_ids))
         self.needs_history = self.sampling.has_penalties or bool(self.sampling.bad_words)
@@ -125,10 +135,6 @@ class Sequence:
         self._unsent_log_probs: list[float] = []
         self._sent_end = False
         self._generation: Generation | None = None
-
-    @property
-    def end_id(self) -> int:
-        return self.request.end_id if self.request.end_id is not None else self.tokenizer.eos_id
 
     @property
     def done(self) -> bool:
@@ -154,7 +160,7 @@ class Sequence:
         self.released = self._sent_end
         self.last_token_ns = time.time_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
-        if out.token == self.end_id:
+        if out.token in self.end_ids:
             self.finish = "eos"
             return
         self.ids.append(out.token)
@@ -188,7 +194,7 @@ class Sequence:
         """The result, once done (decoded once: the final response and the metrics share it)."""
         if self._generation is None:
             text = self.tokenizer.decode(self.ids)
-            if not self.request.exclude_input_in_output and not self.request.stream:
+            if not (self.request.exclude_input_in_output or self.request.stream or self.request.is_chat):
                 text = self.request.prompt + text
             self._generation = Generation(text=text, ids=self.ids, prompt_tokens=len(self.prompt_ids),
                                           finish_reason=self.finish or "length", log_probs=self.log_probs,

@@ -22,6 +22,7 @@ from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Chunk, Generation, 
 from zerocheck.serving.inputs import GenerateRequest, InvalidRequest, Limits, Overloaded, check_context, \
     parse_generate_request
 from zerocheck.tokenizer import TextTokenizer
+from zerocheck.tokenizer.chat import ChatTemplateError
 
 OUTPUTS = ("text_output", "output_ids", "zerocheck_bypass", "sampler", "prompt_tokens", "completion_tokens",
            "finish_reason", "cum_log_probs", "output_log_probs", "sequence_index", "arrival_time_ns",
@@ -85,12 +86,23 @@ class GenerateService:
         if request.end_id is not None and request.end_id >= self.tokenizer.vocab_size:
             raise InvalidRequest(f"end_id must be -1 or a token id in [0, {self.tokenizer.vocab_size}), "
                                  f"got {request.end_id}")
-        prompt_ids = self.tokenizer.encode(request.prompt)
+        prompt_ids = self.tokenizer.encode(self._prompt_text(request))
         if not prompt_ids:
             raise InvalidRequest("text_input must encode to at least one token")
         check_context(request, len(prompt_ids), self.limits)
         path, degraded = choose_path(request)
         return Prepared(request, prompt_ids, path, degraded)
+
+    def _prompt_text(self, request: GenerateRequest) -> str:
+        """The prompt, or the conversation rendered with the model's chat template."""
+        if not request.is_chat:
+            return request.prompt
+        if self.tokenizer.chat_template is None:
+            raise InvalidRequest("messages: the served model has no chat template; send text_input instead")
+        try:
+            return self.tokenizer.apply_chat_template(request.messages)
+        except ChatTemplateError as error:
+            raise InvalidRequest(f"messages: the model's chat template refused them: {error}") from None
 
     def reserve(self, sequences: int = 1) -> None:
         """Count a request as queued, or refuse it at once (Overloaded) when slots and queue are full:

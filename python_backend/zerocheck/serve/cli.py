@@ -12,12 +12,13 @@ from pathlib import Path
 
 import zerocheck
 from zerocheck.serve.binary import TritonServerNotFound
-from zerocheck.serve.demo import DemoError, stream_generation
+from zerocheck.serve.demo import DemoError, stream_chat
 from zerocheck.serve.server import (API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServer,
                                     TritonServerError)
 
 REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]
-DEMO_PROMPT = "def fib(n):"
+DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
+TRY_BODY = {"messages": json.dumps([{"role": "user", "content": "Write a haiku about the sea."}]), "max_tokens": 64}
 
 
 def default_model_repository() -> Path:
@@ -75,14 +76,15 @@ def print_endpoints(server: TritonServer, key_given: bool) -> None:
     print(f"  {', '.join(RESTRICTED_APIS)} APIs need header '{API_KEY_HEADER}: <key>' "
           f"(gRPC metadata '{GRPC_API_KEY_HEADER}')"
           + ("" if key_given else "; no --api-key given: locked with a random key"))
-    body = json.dumps({"text_input": DEMO_PROMPT, "max_tokens": 32})
-    print(f"try:\n  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{body}'", flush=True)
+    print(f"try:\n  zerocheck chat --url {server.grpc_url}\n"
+          f"  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{json.dumps(TRY_BODY)}'",
+          flush=True)
 
 
 def run_demo(server: TritonServer) -> None:
-    """Print DEMO_PROMPT, then each streamed piece of its continuation as it arrives."""
-    print(DEMO_PROMPT, end="", flush=True)
-    for piece in stream_generation(server.grpc_url, DEMO_PROMPT, max_tokens=32):
+    """Print DEMO_QUESTION, then each streamed piece of the model's answer as it arrives."""
+    print(f"user> {DEMO_QUESTION}\nassistant> ", end="", flush=True)
+    for piece in stream_chat(server.grpc_url, DEMO_QUESTION, max_tokens=64):
         print(piece, end="", flush=True)
     print()
 

@@ -1,6 +1,7 @@
-"""`zerocheck serve --demo`: stream one generation from the `generate` model over gRPC."""
+"""`zerocheck serve --demo`: stream one chat answer from the `generate` model over gRPC."""
 from __future__ import annotations
 
+import json
 import queue
 from collections.abc import Iterator
 
@@ -11,16 +12,18 @@ class DemoError(RuntimeError):
     """The `generate` stream answered an error or fell silent."""
 
 
-def stream_generation(grpc_url: str, prompt: str, max_tokens: int, model: str = "generate",
-                      timeout: float = 120.0) -> Iterator[str]:
-    """Yield each `text_output` piece of one streamed request (`text_input`, `max_tokens`, `stream` as [1, 1]);
-    raises DemoError on an error response or after `timeout` s without one."""
+def stream_chat(grpc_url: str, question: str, max_tokens: int, model: str = "generate",
+                timeout: float = 120.0) -> Iterator[str]:
+    """Yield each `text_output` piece of one streamed chat request (`messages` with one user turn,
+    `max_tokens`, `stream` as [1, 1]); raises DemoError on an error response or after `timeout` s
+    without one."""
     import tritonclient.grpc as grpcclient
 
-    inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
+    messages = json.dumps([{"role": "user", "content": question}])
+    inputs = [grpcclient.InferInput("messages", [1, 1], "BYTES"),
               grpcclient.InferInput("max_tokens", [1, 1], "INT32"),
               grpcclient.InferInput("stream", [1, 1], "BOOL")]
-    inputs[0].set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
+    inputs[0].set_data_from_numpy(np.array([[messages.encode()]], dtype=np.object_))
     inputs[1].set_data_from_numpy(np.array([[max_tokens]], dtype=np.int32))
     inputs[2].set_data_from_numpy(np.array([[True]], dtype=np.bool_))
     responses: queue.Queue = queue.Queue()

@@ -7,6 +7,7 @@ raises `InvalidRequest` whose message names the input and the allowed range.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
+from zerocheck.tokenizer.chat import ROLES as CHAT_ROLES, Message
 
 
 class InvalidRequest(ValueError):
@@ -32,7 +34,7 @@ class InputSpec:
     name: str
     dtype: str  # Triton type: TYPE_STRING, TYPE_INT32, ...
     dims: tuple[int, ...] = (1,)
-    role: str = "scalar"  # scalar | text | words | unsupported | ignored
+    role: str = "scalar"  # scalar | text | chat | words | unsupported | ignored
     doc: str = ""
 
 
@@ -40,7 +42,10 @@ _TRITON_OF = {float: "TYPE_FP32", int: "TYPE_INT32"}
 SAMPLING_INPUTS = tuple(InputSpec(spec.name, _TRITON_OF[spec.kind], doc=spec.doc) for spec in SAMPLING_PARAMETERS)
 
 GENERATE_INPUTS: tuple[InputSpec, ...] = (
-    InputSpec("text_input", "TYPE_STRING", role="text", doc="prompt text (UTF-8)"),
+    InputSpec("text_input", "TYPE_STRING", role="text", doc="prompt text (UTF-8); this or messages"),
+    InputSpec("messages", "TYPE_STRING", role="chat",
+              doc='chat: a JSON array of {"role", "content"} (OpenAI format), rendered with the model\'s chat '
+                  'template; this or text_input'),
     InputSpec("max_tokens", "TYPE_INT32", doc="number of tokens to generate"),
     InputSpec("min_tokens", "TYPE_INT32", doc="end_id is banned until this many tokens were generated"),
     InputSpec("stream", "TYPE_BOOL", doc="stream one response per token (decoupled)"),
@@ -91,13 +96,16 @@ class Limits:
     max_word_bytes: int = 256
     max_prompt_bytes: int = 64 * 1024
     max_return_sequences: int = 4
+    max_messages: int = 256
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A validated generation request. Word lists are still text; `tokenize_words` fills ids."""
+    """A validated generation request: a prompt text, or a conversation (`messages`) the server renders
+    with the model's chat template. Word lists are still text; `tokenize_words` fills ids."""
 
-    prompt: str
+    prompt: str = ""
+    messages: tuple[Message, ...] | None = None
     max_tokens: int = 16
     min_tokens: int = 0
     stream: bool = False
@@ -117,6 +125,15 @@ class GenerateRequest:
 
     def with_sampling(self, **changes: Any) -> "GenerateRequest":
         return replace(self, sampling=replace(self.sampling, **changes))
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    @property
+    def prompt_input(self) -> str:
+        """The input the prompt came from, for error messages."""
+        return "messages" if self.is_chat else "text_input"
 
 
 def _scalar(name: str, value: np.ndarray) -> Any:
@@ -194,15 +211,17 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
             raise InvalidRequest(f"{name}: batch size must be 1, got shape {list(value.shape)}")
         if spec.role == "unsupported":
             raise InvalidRequest(f"{name} is not supported by this server ({spec.doc})")
-    if "text_input" not in arrays:
-        raise InvalidRequest("text_input is required")
+    if ("text_input" in arrays) == ("messages" in arrays):
+        raise InvalidRequest("give exactly one of text_input (a prompt) and messages (a chat)"
+                             if "text_input" in arrays else "text_input or messages is required")
     values = {name: _scalar(name, arrays[name]) for name, spec in INPUTS_BY_NAME.items()
               if name in arrays and spec.role == "scalar"}
     for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidRequest(f"{name} must be finite, got {value}")
-    prompt = _text("text_input", arrays["text_input"], limits.max_prompt_bytes)
-    if not prompt:
+    messages = parse_messages(arrays["messages"], limits) if "messages" in arrays else None
+    prompt = "" if messages is not None else _text("text_input", arrays["text_input"], limits.max_prompt_bytes)
+    if messages is None and not prompt:
         raise InvalidRequest("text_input must not be empty")
     _refuse(values)
     seed = values.get("seed", values.get("random_seed"))
@@ -214,6 +233,7 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
     bias_words = _bias_words(arrays, limits)
     return GenerateRequest(
         prompt=prompt,
+        messages=messages,
         max_tokens=_bounded_int("max_tokens", values.get("max_tokens", 16), 1, limits.max_output_tokens),
         min_tokens=_bounded_int("min_tokens", values.get("min_tokens", 0), 0, limits.max_output_tokens),
         stream=bool(values.get("stream", False)),
@@ -234,10 +254,43 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
     )
 
 
+def parse_messages(value: np.ndarray, limits: Limits) -> tuple[Message, ...]:
+    """The `messages` input: one UTF-8 string holding a JSON array of {"role", "content"} objects."""
+    text = _text("messages", value, limits.max_prompt_bytes)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidRequest(f"messages must be a JSON array of {{\"role\", \"content\"}} objects: "
+                             f"{error.msg} at character {error.pos}") from None
+    if not isinstance(data, list):
+        raise InvalidRequest(f"messages must be a JSON array of {{\"role\", \"content\"}} objects, "
+                             f"got a JSON {type(data).__name__}")
+    if not data:
+        raise InvalidRequest("messages must hold at least one message")
+    if len(data) > limits.max_messages:
+        raise InvalidRequest(f"messages must hold at most {limits.max_messages} messages, got {len(data)}")
+    parsed = []
+    for i, message in enumerate(data):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object with role and content")
+        unknown = sorted(set(message) - {"role", "content"})
+        if unknown:
+            raise InvalidRequest(f"messages[{i}] has unknown key(s) {', '.join(unknown)}; allowed: role, content")
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content must be a string, got "
+                                 f"{'null' if content is None else type(content).__name__}")
+        parsed.append(Message(role, content))
+    return tuple(parsed)
+
+
 def check_context(request: GenerateRequest, prompt_tokens: int, limits: Limits) -> None:
     """Prompt length and prompt + max_tokens against the limits (after tokenization)."""
     if prompt_tokens > limits.max_prompt_tokens:
-        raise InvalidRequest(f"text_input is {prompt_tokens} tokens, the limit is {limits.max_prompt_tokens}")
+        raise InvalidRequest(f"{request.prompt_input} is {prompt_tokens} tokens, the limit is "
+                             f"{limits.max_prompt_tokens}")
     if prompt_tokens + request.max_tokens > limits.max_context:
         raise InvalidRequest(f"max_tokens {request.max_tokens} + prompt {prompt_tokens} tokens exceeds the context "
                              f"of {limits.max_context} tokens; max_tokens must be <= "

@@ -7,6 +7,7 @@ from zerocheck.tokenizer.training import (
     PAD_TOKEN,
     TrainedTokenizer,
     copy_hf_tokenizer,
+    describe_hf_tokenizer,
     stdlib_corpus_files,
     train_bpe_tokenizer,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "TextTokenizer",
     "TrainedTokenizer",
     "copy_hf_tokenizer",
+    "describe_hf_tokenizer",
     "load_tokenizer",
     "stdlib_corpus_files",
     "train_bpe_tokenizer",

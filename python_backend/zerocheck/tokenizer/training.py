@@ -28,6 +28,8 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "vocab.json",
     "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 
 
@@ -114,21 +116,21 @@ def _save_hf_files(tokenizer: Tokenizer, out_dir: Path) -> None:
     (out_dir / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
 
 
+def describe_hf_tokenizer(model_dir: Path, source: str) -> TrainedTokenizer:
+    """What a Hugging Face tokenizer in `model_dir` holds (its files' checksum stands for the corpus)."""
+    size = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size()
+    files = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    return TrainedTokenizer(vocab_size=size, learned_tokens=size, reserved_tokens=0, corpus_files=0,
+                            corpus_sha256=_corpus_sha256(files), source=source)
+
+
 def copy_hf_tokenizer(checkpoint_dir: Path, out_dir: Path) -> TrainedTokenizer:
     """Copy a Hugging Face checkpoint's tokenizer files into `out_dir`; needs its `tokenizer.json`."""
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if not (checkpoint_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{checkpoint_dir} has no tokenizer.json (a fast tokenizer is required)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    copied = [name for name in TOKENIZER_FILES if (checkpoint_dir / name).is_file()]
-    for name in copied:
-        shutil.copyfile(checkpoint_dir / name, out_dir / name)
-    size = Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab_size()
-    return TrainedTokenizer(
-        vocab_size=size,
-        learned_tokens=size,
-        reserved_tokens=0,
-        corpus_files=0,
-        corpus_sha256=_corpus_sha256([checkpoint_dir / name for name in copied]),
-        source=f"copied from {checkpoint_dir}",
-    )
+    for name in TOKENIZER_FILES:
+        if (checkpoint_dir / name).is_file():
+            shutil.copyfile(checkpoint_dir / name, out_dir / name)
+    return describe_hf_tokenizer(out_dir, f"copied from {checkpoint_dir}")
