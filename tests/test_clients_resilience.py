@@ -3,8 +3,6 @@ after the call started, and one whose first attempts are slow (test_delay_ms=300
 from __future__ import annotations
 
 import asyncio
-import re
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +17,12 @@ from zerocheck.serve.server import free_ports
 
 PROMPT = "def main():"
 GREEDY = {"max_tokens": 8, "temperature": 0}
-DELAY = re.compile(r'(key: "test_delay_ms" value: \{ string_value: )"0"')
 
 
 def slow_repository(tmp: Path) -> Path:
-    """model_repository/ with test_delay_ms=3000 in generate and ensemble (where it has the parameter)."""
-    repository = tmp / "model_repository"
-    shutil.copytree(conftest.REPO_ROOT / "model_repository", repository)
-    for model in ("generate", "ensemble"):
-        config = repository / model / "config.pbtxt"
-        config.write_text(DELAY.sub(r'\1"3000"', config.read_text()))
-    assert 'string_value: "3000"' in (repository / "generate" / "config.pbtxt").read_text()
-    return repository
+    """model_repository/ with test_delay_ms=3000 in generate and ensemble."""
+    delay = {"test_delay_ms": "3000"}
+    return conftest.copied_repository(tmp, generate=delay, ensemble=delay)
 
 
 class LateServer:

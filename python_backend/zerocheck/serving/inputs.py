@@ -264,7 +264,7 @@ def parse_messages(value: np.ndarray, limits: Limits) -> tuple[Message, ...]:
                              f"{error.msg} at character {error.pos}") from None
     if not isinstance(data, list):
         raise InvalidRequest(f"messages must be a JSON array of {{\"role\", \"content\"}} objects, "
-                             f"got a JSON {type(data).__name__}")
+                             f"got {_json_type(data)}")
     if not data:
         raise InvalidRequest("messages must hold at least one message")
     if len(data) > limits.max_messages:
@@ -272,7 +272,7 @@ def parse_messages(value: np.ndarray, limits: Limits) -> tuple[Message, ...]:
     parsed = []
     for i, message in enumerate(data):
         if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object with role and content")
+            raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {_json_type(message)}")
         unknown = sorted(set(message) - {"role", "content"})
         if unknown:
             raise InvalidRequest(f"messages[{i}] has unknown key(s) {', '.join(unknown)}; allowed: role, content")
@@ -280,10 +280,16 @@ def parse_messages(value: np.ndarray, limits: Limits) -> tuple[Message, ...]:
         if role not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
         if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string, got "
-                                 f"{'null' if content is None else type(content).__name__}")
+            raise InvalidRequest(f"messages[{i}].content must be a string, got {_json_type(content)}")
         parsed.append(Message(role, content))
     return tuple(parsed)
+
+
+def _json_type(value: Any) -> str:
+    """JSON's name for the type of a parsed value."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def check_context(request: GenerateRequest, prompt_tokens: int, limits: Limits) -> None:
