@@ -10,7 +10,7 @@ from typing import TextIO
 
 from zerocheck.clients.cli_options import add_connection_arguments, add_generation_arguments, generation_kwargs, url_of
 from zerocheck.clients.client import Client
-from zerocheck.clients.errors import ZerocheckError
+from zerocheck.clients.errors import ZerocheckError, error_label
 
 RESET, EXIT = "/reset", ("/exit", "/quit")
 DEFAULT_MAX_TOKENS = 256
@@ -51,7 +51,7 @@ class ChatSession:
             self.out.write(" [stopped]")
         except ZerocheckError as error:
             self.messages.pop()
-            self.out.write(f"\nerror ({type(error).__name__}): {error.message}\n"
+            self.out.write(f"\nerror: {error_label(error)}: {error.message}\n"
                            f"(the turn was not kept; {RESET} starts a new conversation)\n")
             return
         self.out.write("\n")

@@ -8,7 +8,7 @@ import sys
 from zerocheck.clients.attempts import DEFAULT_HEDGE_AFTER_S
 from zerocheck.clients.cli_options import add_connection_arguments, add_generation_arguments, generation_kwargs, url_of
 from zerocheck.clients.client import Client
-from zerocheck.clients.errors import ZerocheckError
+from zerocheck.clients.errors import ZerocheckError, error_label
 from zerocheck.clients.response import GenerateResult
 
 
@@ -49,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
             if event.final and not args.json:
                 print(("\n" if args.stream else event.final.text + "\n") + summary(event.final))
     except ZerocheckError as error:
-        print(f"error ({type(error).__name__}): {error.message}", file=sys.stderr)
+        print(f"error: {error_label(error)}: {error.message}", file=sys.stderr)
         return 1
     return 0

@@ -14,11 +14,9 @@ from typing import Any
 import numpy as np
 
 from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.inputs import INPUTS_BY_NAME
+from zerocheck.serving.inputs import INPUTS_BY_NAME, RETRY_UNAVAILABLE, SLOW_RESPONSE
 
 SAMPLING_NAMES = tuple(spec.name for spec in SAMPLING_PARAMETERS)
-SLOW_RESPONSE = "slow_response"  # retry_reason of a hedged attempt
-RETRY_UNAVAILABLE = "unavailable"  # retry_reason of an attempt after a retryable failure
 _NUMPY_OF = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64,
              "TYPE_FP32": np.float32}
 

@@ -11,8 +11,7 @@ from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.sampling import SamplingParams, ZeroCheckSampler
 from zerocheck.sampling.cuda_graph import make_sampler
 from zerocheck.serving.decoder_service import DecoderService, StepRows, parse_step_rows
-from zerocheck.serving.inputs import InvalidRequest, Overloaded
-from zerocheck.serving.row_errors import InternalError
+from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
 from zerocheck.serving.sampler_inputs import SamplerRow
 
 

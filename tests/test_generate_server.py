@@ -202,7 +202,7 @@ def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
         result = client.infer(model, inputs)
     errors = [e.decode() for e in result.as_numpy("decoder_error").reshape(-1)]
-    assert errors[0] == errors[2] == "" and errors[1].startswith("INVALID_ARG: sequence") and "no KV cache slot" in errors[1]
+    assert errors[0] == errors[2] == "" and errors[1].startswith("INVALID_ARGUMENT: sequence") and "no KV cache slot" in errors[1]
     tokens = result.as_numpy("output_id").reshape(-1)
     assert 0 <= tokens[0] < 600 and 0 <= tokens[2] < 600
     assert slots_in_use(triton_server) == 0

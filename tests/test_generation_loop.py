@@ -3,6 +3,7 @@ step, request parsing and admission control."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import conftest
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Sequence, StepCall, StepOutput, choose_path
 from zerocheck.generate.service import GenerateService
-from zerocheck.serving.inputs import InvalidRequest, Limits, Overloaded, check_context, parse_generate_request
+from zerocheck.api.errors import InvalidRequest, Overloaded
+from zerocheck.serving.inputs import Limits, check_context, parse_generate_request, word_list_element
 from zerocheck.tokenizer import load_tokenizer
 
 PROMPT = "hello world"
@@ -56,6 +58,7 @@ class ScriptedSteps:
 
 
 def sequences(tokenizer, steps: ScriptedSteps, count=1, cancelled=lambda: False, path=ZERO_CHECK, **fields):
+    fields.setdefault("max_tokens", 16)  # GenerateService.prepare resolves a missing one; these tests skip it
     parsed = parse_generate_request(request(text_input=PROMPT, **fields), {})
     out = [Sequence(tokenizer, parsed, tokenizer.encode(PROMPT), path, 256, index, cancelled) for index in range(count)]
     for index, seq in enumerate(out):
@@ -265,3 +268,40 @@ def test_admission_queues_then_refuses_at_once():
             service.reserve(2)
 
     asyncio.run(scenario())
+
+
+def test_max_tokens_defaults_to_what_fits(tokenizer):
+    service = GenerateService(tokenizer, None, Limits(max_context=64, max_prompt_tokens=60, max_output_tokens=32),
+                              max_active=1, max_queue=1)
+    short = service.prepare(request(text_input="hi"), {})
+    assert short.request.max_tokens == 32  # the server's limit
+    long_prompt = " ".join(["hello"] * 200)
+    ids = tokenizer.encode(long_prompt)[:50]
+    near_full = service.prepare(request(text_input=tokenizer.decode(ids)), {})
+    assert near_full.request.max_tokens == 64 - len(near_full.prompt_ids) < 32
+
+
+def test_logit_bias_ids_are_checked_and_reach_the_sampler(tokenizer):
+    service = GenerateService(tokenizer, None, Limits(), max_active=1, max_queue=1)
+    prepared = service.prepare({**request(text_input="x"), "logit_bias_ids": np.array([[5, 7]], np.int32),
+                                "logit_bias_values": np.array([[2.5, -100.0]], np.float32)}, {})
+    seq = Sequence(tokenizer, prepared.request, prepared.prompt_ids, ZERO_CHECK, 256)
+    assert seq.sampling.logit_bias == ((5, 2.5), (7, -100.0))
+    for ids, values, message in (([5], [1.0, 2.0], "logit_bias_ids has 1 ids but logit_bias_values has 2"),
+                                 ([5], [101.0], "must be finite and in [-100, 100]"),
+                                 ([tokenizer.vocab_size], [1.0], "logit_bias_ids must be token ids in [0, ")):
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
+            service.prepare({**request(text_input="x"), "logit_bias_ids": np.array([ids], np.int32),
+                             "logit_bias_values": np.array([values], np.float32)}, {})
+
+
+@pytest.mark.parametrize("element, words", [("stop", ("stop",)), ("a,b", ("a", "b")), ('"a,b",c', ("a,b", "c")),
+                                            ('"say ""hi"""', ('say "hi"',)), ('"\n"', ("\n",))])
+def test_word_lists_read_csv_like_tensorrtllm_backend(element, words):
+    assert parse_generate_request(request(text_input="x", stop_words=[element]), {}).stop_words == words
+
+
+@pytest.mark.parametrize("word", ["stop", ",", "a,b", 'say "hi"', "\n", " x", "\r\n\r\n"])
+def test_any_word_survives_word_list_element(word):
+    element = word_list_element(word)
+    assert parse_generate_request(request(text_input="x", stop_words=[element]), {}).stop_words == (word,)

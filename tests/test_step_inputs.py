@@ -8,8 +8,8 @@ import pytest
 from zerocheck.generate.sequence import ZERO_CHECK, StepCall, StepOutput
 from zerocheck.generate.step_inputs import release_arrays, step_arrays, step_results
 from zerocheck.sampling import SamplingParams
-from zerocheck.serving.inputs import InvalidRequest, Overloaded
-from zerocheck.serving.row_errors import InternalError, row_error, row_error_text
+from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
+from zerocheck.serving.row_errors import row_error, row_error_text
 from zerocheck.serving.sampler_inputs import decode_word_list, encode_word_lists, parse_sampler_rows, unpadded
 
 V = 600

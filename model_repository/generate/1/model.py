@@ -16,7 +16,7 @@ from zerocheck.generate.step_inputs import STEP_MODELS, STEP_OUTPUTS, release_ar
 from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
 from zerocheck.serving.inputs import GENERATE_INPUTS, Limits
 from zerocheck.serving.metrics import GenerateMetrics
-from zerocheck.serving.row_errors import INTERNAL, INVALID_ARG, UNAVAILABLE, error_of
+from zerocheck.api.errors import ErrorCode, code_of, error_from_message
 from zerocheck.serving.triton import ModelConfig, built_max_seq_len, error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
@@ -28,10 +28,10 @@ async def bls(model: str, arrays: dict, outputs: list) -> dict:
     """One BLS call; returns the requested outputs as numpy copies (raises the call's error)."""
     response = await pb_utils.InferenceRequest(model_name=model, inputs=tensors(pb_utils, arrays),
                                                requested_output_names=outputs).async_exec()
-    if response.has_error():
+    if response.has_error():  # the step models' messages carry their code; Triton's own may not
         error = response.error()
-        codes = {pb_utils.TritonError.INVALID_ARG: INVALID_ARG, pb_utils.TritonError.UNAVAILABLE: UNAVAILABLE}
-        raise error_of(codes.get(error.code(), INTERNAL), error.message())
+        uncoded = ErrorCode.INVALID_ARGUMENT if error.code() == pb_utils.TritonError.INVALID_ARG else ErrorCode.INTERNAL
+        raise error_from_message(error.message(), uncoded)
     found = {name: pb_utils.get_output_tensor_by_name(response, name) for name in outputs}
     return {name: tensor.as_numpy().copy() for name, tensor in found.items() if tensor is not None}
 
@@ -116,7 +116,7 @@ class TritonPythonModel:
                                                 request_parameters(request))
                 self.service.reserve(prepared.request.num_return_sequences)
             except Exception as error:
-                self.metrics.error(type(error).__name__)
+                self.metrics.error(code_of(error))
                 send(sender, error=error, final=True)
                 continue
             served.append(self.serve(request, sender, prepared))
@@ -131,12 +131,13 @@ class TritonPythonModel:
             async with self.service.admission(prepared.request.num_return_sequences):
                 metrics.active.set(self.service.active)
                 metrics.request(prepared.path, prepared.bypass, prepared.degraded)
+                metrics.retry(prepared.request.retry_reason)
                 generations = await self.service.serve(prepared, held.send, request.is_cancelled)
             for generation in generations:
                 metrics.finished(prepared.path, generation)
             held.close()
         except Exception as error:
-            metrics.error(type(error).__name__)
+            metrics.error(code_of(error))
             held.close(error)
         finally:
             metrics.active.set(self.service.active)

@@ -4,7 +4,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.checked import draw_sorted
-from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.api.errors import InvalidRequest
 from zerocheck.serving.sampler_inputs import check_token_ids, gather_batch, refuse_nan, respond
 from zerocheck.serving.triton import ModelConfig
 

@@ -2,7 +2,7 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.api.errors import InvalidRequest
 from zerocheck.serving.sampler_inputs import check_token_ids
 from zerocheck.serving.triton import ModelConfig, error_response, request_arrays, tensors
 from zerocheck.tokenizer import IncrementalDetokenizer, load_tokenizer

@@ -95,12 +95,14 @@ def end_ids_of(tokenizer: TextTokenizer, request: GenerateRequest) -> tuple[int,
 
 
 def sampling_for(tokenizer: TextTokenizer, request: GenerateRequest, index: int = 0) -> SamplingParams:
-    """Request sampling params with bad words and embedding-bias words turned into token ids. Sequence
+    """Request sampling params with bad words and embedding-bias words turned into token ids (next to the
+    request's logit_bias_ids). Sequence
     `index` of a request draws with seed + index; an unseeded request gets a fresh random seed, so
     every sequence has its own noise stream whatever its batch position."""
     bad = tuple(tuple(ids) for ids in tokenizer.token_ids_of(list(request.bad_words)) if ids)
     bias = tuple((ids[0], weight) for (word, weight), ids in
                  zip(request.bias_words, tokenizer.token_ids_of([w for w, _ in request.bias_words])) if ids)
+    bias += request.bias_ids
     seed = request.sampling.seed if request.sampling.seed is not None else _seeds.getrandbits(64)
     return replace(request.sampling, bad_words=request.sampling.bad_words + bad, logit_bias=bias,
                    seed=(seed + index) % 2**64)

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
 import numpy as np
 
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Chunk, Generation, Sequence, choose_path
-from zerocheck.serving.inputs import GenerateRequest, InvalidRequest, Limits, Overloaded, check_context, \
+from zerocheck.api.errors import InvalidRequest, Overloaded
+from zerocheck.serving.inputs import GenerateRequest, Limits, check_context, \
     parse_generate_request
 from zerocheck.tokenizer import TextTokenizer
 from zerocheck.tokenizer.chat import ChatTemplateError
@@ -83,13 +84,18 @@ class GenerateService:
 
     def prepare(self, arrays: dict[str, np.ndarray], parameters: dict) -> Prepared:
         request = parse_generate_request(arrays, parameters, self.limits)
-        if request.end_id is not None and request.end_id >= self.tokenizer.vocab_size:
-            raise InvalidRequest(f"end_id must be -1 or a token id in [0, {self.tokenizer.vocab_size}), "
-                                 f"got {request.end_id}")
+        vocab = self.tokenizer.vocab_size
+        if request.end_id is not None and request.end_id >= vocab:
+            raise InvalidRequest(f"end_id must be -1 or a token id in [0, {vocab}), got {request.end_id}")
+        if any(not 0 <= token < vocab for token, _ in request.bias_ids):
+            raise InvalidRequest(f"logit_bias_ids must be token ids in [0, {vocab})")
         prompt_ids = self.tokenizer.encode(self._prompt_text(request))
         if not prompt_ids:
             raise InvalidRequest("text_input must encode to at least one token")
         check_context(request, len(prompt_ids), self.limits)
+        if request.max_tokens is None:  # as many as fit, up to the server's limit
+            room = self.limits.max_context - len(prompt_ids)
+            request = replace(request, max_tokens=min(self.limits.max_output_tokens, room))
         path, degraded = choose_path(request)
         return Prepared(request, prompt_ids, path, degraded)
 

@@ -12,10 +12,12 @@ import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
+from zerocheck.api.errors import InvalidRequest
+
 UINT64_MAX = 2**64 - 1
 
 
-class SamplingParamError(ValueError):
+class SamplingParamError(InvalidRequest):
     """A request parameter is out of range or of the wrong type; the message is client-readable."""
 
 

@@ -16,8 +16,7 @@ import numpy as np
 
 from zerocheck.decoder import DecoderEngine, PoolFullError, StepRequest
 from zerocheck.decoder.errors import DecoderError
-from zerocheck.serving.inputs import InvalidRequest, Overloaded
-from zerocheck.serving.row_errors import InternalError
+from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
 from zerocheck.serving.sampler_inputs import SamplerRow, unpadded
 
 

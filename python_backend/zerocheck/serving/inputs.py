@@ -7,6 +7,8 @@ raises `InvalidRequest` whose message names the input and the allowed range.
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -15,16 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from zerocheck.api.errors import InvalidRequest
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
 from zerocheck.tokenizer.chat import ROLES as CHAT_ROLES, Message
-
-
-class InvalidRequest(ValueError):
-    """A request the server refuses (INVALID_ARGUMENT / HTTP 400); the message is client-readable."""
-
-
-class Overloaded(RuntimeError):
-    """The server is at capacity (UNAVAILABLE / HTTP 503): retry later."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +29,7 @@ class InputSpec:
     name: str
     dtype: str  # Triton type: TYPE_STRING, TYPE_INT32, ...
     dims: tuple[int, ...] = (1,)
-    role: str = "scalar"  # scalar | text | chat | words | unsupported | ignored
+    role: str = "scalar"  # scalar | text | chat | words | list | unsupported | ignored
     doc: str = ""
 
 
@@ -46,7 +41,8 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("messages", "TYPE_STRING", role="chat",
               doc='chat: a JSON array of {"role", "content"} (OpenAI format), rendered with the model\'s chat '
                   'template; this or text_input'),
-    InputSpec("max_tokens", "TYPE_INT32", doc="number of tokens to generate"),
+    InputSpec("max_tokens", "TYPE_INT32",
+              doc="tokens to generate (default: as many as fit in the context, up to the server's limit)"),
     InputSpec("min_tokens", "TYPE_INT32", doc="end_id is banned until this many tokens were generated"),
     InputSpec("stream", "TYPE_BOOL", doc="stream one response per token (decoupled)"),
     InputSpec("stream_interval", "TYPE_INT32", doc="tokens per streamed response"),
@@ -62,7 +58,9 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("num_return_sequences", "TYPE_INT32", doc="independent samples per request"),
     InputSpec("return_perf_metrics", "TYPE_BOOL", doc="return arrival/first/last token timestamps"),
     InputSpec("embedding_bias_words", "TYPE_STRING", (-1,), role="words", doc="words whose logits get a bias"),
-    InputSpec("embedding_bias_weights", "TYPE_FP32", (-1,), role="ignored", doc="bias per embedding_bias_words"),
+    InputSpec("embedding_bias_weights", "TYPE_FP32", (-1,), role="list", doc="bias per embedding_bias_words"),
+    InputSpec("logit_bias_ids", "TYPE_INT32", (-1,), role="list", doc="token ids whose logits get a bias (OpenAI logit_bias)"),
+    InputSpec("logit_bias_values", "TYPE_FP32", (-1,), role="list", doc="bias per logit_bias_ids, in [-100, 100]"),
     InputSpec("beam_width", "TYPE_INT32", doc="only 1 (sampling) is served"),
     InputSpec("length_penalty", "TYPE_FP32", role="ignored", doc="beam search only; no effect at beam_width 1"),
     InputSpec("return_context_logits", "TYPE_BOOL", doc="not served"),
@@ -82,6 +80,9 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
 )
 INPUTS_BY_NAME = {spec.name: spec for spec in GENERATE_INPUTS}
 REQUEST_PARAMETERS = ("zerocheck", "retry_reason", "request_id")
+# why a request repeats another: a hedge sent because the first was slow, or a retry after a failure
+SLOW_RESPONSE, RETRY_UNAVAILABLE = "slow_response", "unavailable"
+RETRY_REASONS = (SLOW_RESPONSE, RETRY_UNAVAILABLE)
 _SWITCH = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
@@ -106,7 +107,7 @@ class GenerateRequest:
 
     prompt: str = ""
     messages: tuple[Message, ...] | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = None  # None: as many as fit (GenerateService.prepare resolves it)
     min_tokens: int = 0
     stream: bool = False
     stream_interval: int = 1
@@ -115,6 +116,7 @@ class GenerateRequest:
     bad_words: tuple[str, ...] = ()
     stop_words: tuple[str, ...] = ()
     bias_words: tuple[tuple[str, float], ...] = ()
+    bias_ids: tuple[tuple[int, float], ...] = ()
     end_id: int | None = None
     return_log_probs: bool = False
     exclude_input_in_output: bool = False
@@ -158,17 +160,26 @@ def _text(name: str, value: np.ndarray, limit: int) -> str:
 
 
 def _words(name: str, value: np.ndarray, limits: Limits) -> tuple[str, ...]:
-    items = value.reshape(-1).tolist()
+    """A word-list input: each element holds one word, or several as a CSV line (`a,b`, `"a,b"` for a word
+    with a comma), as tensorrtllm_backend's preprocessing reads them; `word_list_element` writes one."""
     words = []
-    for item in items:
+    for item in value.reshape(-1).tolist():
         if not isinstance(item, (bytes, str)):
             raise InvalidRequest(f"{name} must be a list of strings")
         text = _text(name, np.array([item], dtype=object), limits.max_word_bytes)
-        # tensorrtllm_backend clients send comma-separated words in one string
-        words += [w for w in (part.strip() for part in text.split(",")) if w] if "," in text else [text] if text else []
+        words += [word for word in next(csv.reader([text]), []) if word]
     if len(words) > limits.max_words:
         raise InvalidRequest(f"{name} must hold at most {limits.max_words} words, got {len(words)}")
     return tuple(words)
+
+
+def word_list_element(word: str) -> str:
+    """One word as a word-list element: CSV-quoted when it holds a comma, a quote or a line break."""
+    if not any(char in word for char in ',"\r\n'):
+        return word
+    line = io.StringIO()
+    csv.writer(line, lineterminator="", quoting=csv.QUOTE_ALL).writerow([word])
+    return line.getvalue()
 
 
 def _expect(name: str, value: np.ndarray, dtype: str) -> None:
@@ -234,7 +245,8 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
     return GenerateRequest(
         prompt=prompt,
         messages=messages,
-        max_tokens=_bounded_int("max_tokens", values.get("max_tokens", 16), 1, limits.max_output_tokens),
+        max_tokens=_bounded_int("max_tokens", values["max_tokens"], 1, limits.max_output_tokens)
+        if "max_tokens" in values else None,
         min_tokens=_bounded_int("min_tokens", values.get("min_tokens", 0), 0, limits.max_output_tokens),
         stream=bool(values.get("stream", False)),
         stream_interval=_bounded_int("stream_interval", values.get("stream_interval", 1), 1, limits.max_output_tokens),
@@ -243,6 +255,7 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
         bad_words=_words("bad_words", arrays["bad_words"], limits) if "bad_words" in arrays else (),
         stop_words=_words("stop_words", arrays["stop_words"], limits) if "stop_words" in arrays else (),
         bias_words=bias_words,
+        bias_ids=_bias_ids(arrays),
         end_id=_bounded_int("end_id", values["end_id"], -1, 2**31 - 1) if "end_id" in values else None,
         return_log_probs=bool(values.get("return_log_probs", False)),
         exclude_input_in_output=bool(values.get("exclude_input_in_output", False)),
@@ -297,7 +310,7 @@ def check_context(request: GenerateRequest, prompt_tokens: int, limits: Limits) 
     if prompt_tokens > limits.max_prompt_tokens:
         raise InvalidRequest(f"{request.prompt_input} is {prompt_tokens} tokens, the limit is "
                              f"{limits.max_prompt_tokens}")
-    if prompt_tokens + request.max_tokens > limits.max_context:
+    if request.max_tokens is not None and prompt_tokens + request.max_tokens > limits.max_context:
         raise InvalidRequest(f"max_tokens {request.max_tokens} + prompt {prompt_tokens} tokens exceeds the context "
                              f"of {limits.max_context} tokens; max_tokens must be <= "
                              f"{limits.max_context - prompt_tokens}")
@@ -325,6 +338,20 @@ def _bias_words(arrays: Mapping[str, np.ndarray], limits: Limits) -> tuple[tuple
     if not all(math.isfinite(w) for w in weights):
         raise InvalidRequest("embedding_bias_weights must be finite")
     return tuple(zip(words, weights))
+
+
+def _bias_ids(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[int, float], ...]:
+    """logit_bias_ids / logit_bias_values: (token id, bias) pairs (ids are checked against the vocabulary
+    once it is known)."""
+    if "logit_bias_ids" not in arrays and "logit_bias_values" not in arrays:
+        return ()
+    ids = arrays.get("logit_bias_ids", np.zeros((1, 0), np.int32)).reshape(-1).tolist()
+    values = arrays.get("logit_bias_values", np.zeros((1, 0), np.float32)).reshape(-1).tolist()
+    if len(ids) != len(values):
+        raise InvalidRequest(f"logit_bias_ids has {len(ids)} ids but logit_bias_values has {len(values)} values")
+    if not all(math.isfinite(v) and -100 <= v <= 100 for v in values):
+        raise InvalidRequest("logit_bias_values must be finite and in [-100, 100]")
+    return tuple(zip(ids, values))
 
 
 def _fresh_seed() -> int:

@@ -3,7 +3,9 @@ metrics port through `pb_utils.MetricFamily`.
 
 zerocheck_requests_total{sampler, bypass}      requests by the path that served them (bypass rate)
 zerocheck_degraded_total{reason}               zero-check requests served by the checked path
-zerocheck_request_errors_total{code}           refused or failed requests
+zerocheck_request_errors_total{code}           refused or failed requests, by error code (ErrorCode)
+zerocheck_retried_requests_total{reason}       requests that say they retry another (retry_reason: slow_response
+                                               = a hedge, unavailable = after a failure, other)
 zerocheck_generated_tokens_total{sampler}      completion tokens
 zerocheck_time_to_first_token_seconds{sampler} histogram
 zerocheck_time_per_output_token_seconds{sampler} histogram
@@ -17,7 +19,9 @@ import math
 import time
 from typing import Any, Callable
 
+from zerocheck.api.errors import ErrorCode
 from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Generation
+from zerocheck.serving.inputs import RETRY_REASONS
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
@@ -41,8 +45,11 @@ class GenerateMetrics:
                          for path in PATHS for bypass in (True, False)}
         self._degraded = counter("zerocheck_degraded_total", "zero-check requests served by the checked path")
         self._degraded_by: dict[str, Any] = {}
-        self._errors = counter("zerocheck_request_errors_total", "generate requests refused or failed")
-        self._errors_by: dict[str, Any] = {}
+        # every known label value exists from the start (at 0), so rate() and the alerts see a series
+        errors = counter("zerocheck_request_errors_total", "generate requests refused or failed, by error code")
+        self.errors = {code: errors.Metric(labels={"code": code.value}) for code in ErrorCode}
+        retried = counter("zerocheck_retried_requests_total", "requests retrying another, by retry_reason")
+        self.retried = {reason: retried.Metric(labels={"reason": reason}) for reason in (*RETRY_REASONS, "other")}
         tokens = counter("zerocheck_generated_tokens_total", "completion tokens generated")
         self.tokens = {path: tokens.Metric(labels={"sampler": path}) for path in PATHS}
         ttft = keep(family(name="zerocheck_time_to_first_token_seconds", description="time to first token",
@@ -61,10 +68,13 @@ class GenerateMetrics:
                 self._degraded_by[degraded] = self._degraded.Metric(labels={"reason": degraded})
             self._degraded_by[degraded].increment(1)
 
-    def error(self, code: str) -> None:
-        if code not in self._errors_by:
-            self._errors_by[code] = self._errors.Metric(labels={"code": code})
-        self._errors_by[code].increment(1)
+    def error(self, code: ErrorCode) -> None:
+        self.errors[code].increment(1)
+
+    def retry(self, reason: str | None) -> None:
+        """Count a request that says it retries another one (its `retry_reason`)."""
+        if reason is not None:
+            self.retried[reason if reason in RETRY_REASONS else "other"].increment(1)
 
     def finished(self, path: str, generation: Generation) -> None:
         self.tokens[path].increment(generation.completion_tokens)

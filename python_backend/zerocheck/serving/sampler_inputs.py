@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
-from zerocheck.serving.inputs import InvalidRequest
+from zerocheck.api.errors import InvalidRequest
 from zerocheck.serving.triton import error_response
 
 SCALARS = {spec.name: (spec.default, spec.kind) for spec in SAMPLING_PARAMETERS}

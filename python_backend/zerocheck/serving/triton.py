@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from zerocheck.serving.row_errors import classify
+from zerocheck.api.errors import classify
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -74,7 +74,7 @@ def request_parameters(request: Any) -> dict[str, Any]:
 def error_for(pb_utils: Any, error: BaseException) -> Any:
     """A TritonError for `error`: the client sees the message of a refused request, never a traceback."""
     code, message = classify(error)
-    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    return pb_utils.TritonError(f"{code.value}: {message}", getattr(pb_utils.TritonError, code.triton_code))
 
 
 def error_response(pb_utils: Any, error: BaseException) -> Any:
