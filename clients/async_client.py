@@ -12,9 +12,10 @@ from zerocheck.clients.aio_grpc_transport import grpc_attempt
 from zerocheck.clients.aio_http_transport import http_attempt
 from zerocheck.clients.attempts import Attempts
 from zerocheck.clients.errors import Cancelled
-from zerocheck.clients.request import RETRY_UNAVAILABLE, GenerateRequest
+from zerocheck.clients.request import GenerateRequest
 from zerocheck.clients.response import GenerateResult, TokenEvent
 from zerocheck.clients.settings import ClientSettings
+from zerocheck.serving.inputs import RETRY_UNAVAILABLE
 
 
 class AsyncClient(ClientSettings):

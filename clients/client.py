@@ -10,9 +10,10 @@ from zerocheck.clients.attempts import Attempts
 from zerocheck.clients.errors import Cancelled
 from zerocheck.clients.grpc_transport import GrpcAttempt
 from zerocheck.clients.http_transport import HttpAttempt
-from zerocheck.clients.request import RETRY_UNAVAILABLE, GenerateRequest
+from zerocheck.clients.request import GenerateRequest
 from zerocheck.clients.response import GenerateResult, TokenEvent
 from zerocheck.clients.settings import ClientSettings
+from zerocheck.serving.inputs import RETRY_UNAVAILABLE
 
 TRANSPORTS = {"grpc": GrpcAttempt, "http": HttpAttempt}
 

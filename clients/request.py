@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.inputs import INPUTS_BY_NAME, RETRY_UNAVAILABLE, SLOW_RESPONSE
+from zerocheck.serving.inputs import INPUTS_BY_NAME, word_list_element
 
 SAMPLING_NAMES = tuple(spec.name for spec in SAMPLING_PARAMETERS)
 _NUMPY_OF = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64,
@@ -39,6 +39,10 @@ class GenerateRequest:
     zerocheck: bool = True
     request_id: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
+    num_return_sequences: int | None = None
+    return_log_probs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    end_id: int | None = None  # -1: never stop at an end token
 
     @classmethod
     def build(cls, prompt: str | None, *, messages: Sequence[Mapping[str, str]] | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
@@ -47,7 +51,8 @@ class GenerateRequest:
         sampling = {name: fields.pop(name) for name in SAMPLING_NAMES if fields.get(name) is not None}
         for name in SAMPLING_NAMES:
             fields.pop(name, None)
-        unknown = set(fields) - {"max_tokens", "seed", "min_tokens", "zerocheck", "request_id"}
+        unknown = set(fields) - {"max_tokens", "seed", "min_tokens", "zerocheck", "request_id", "num_return_sequences",
+                                 "return_log_probs", "logit_bias", "end_id"}
         if unknown:
             raise TypeError(f"unknown generate argument(s): {', '.join(sorted(unknown))}")
         if (prompt is None) == (messages is None):
@@ -61,7 +66,12 @@ class GenerateRequest:
             {"text_input": self.prompt}
         values: dict[str, Any] = {**prompt, "stream": True, **self.sampling}
         optional = {"max_tokens": self.max_tokens, "min_tokens": self.min_tokens, "seed": self.seed,
-                    "stop_words": list(self.stop), "bad_words": list(self.bad_words)}
+                    "stop_words": [word_list_element(word) for word in self.stop],
+                    "bad_words": [word_list_element(word) for word in self.bad_words],
+                    "num_return_sequences": self.num_return_sequences, "end_id": self.end_id,
+                    "return_log_probs": self.return_log_probs or None,
+                    "logit_bias_ids": [token for token, _ in self.logit_bias],
+                    "logit_bias_values": [bias for _, bias in self.logit_bias]}
         values.update({name: value for name, value in optional.items() if value not in (None, [])})
         return values
 

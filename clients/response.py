@@ -58,15 +58,21 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One response of the server, normalized: outputs of either protocol as python values."""
+    """One response of the server, normalized: outputs of either protocol as python values.
+    `final`: the last response of its sequence (`sequence_index`; a request may ask for several)."""
 
     text: str
     token_ids: list[int]
     fields: dict[str, Any]  # prompt_tokens, completion_tokens, sampler, zerocheck_bypass, finish_reason
+    log_probs: list[float] = field(default_factory=list)  # output_log_probs, when asked for
 
     @property
     def final(self) -> bool:
         return bool(self.fields.get("finish_reason"))
+
+    @property
+    def sequence_index(self) -> int:
+        return int(self.fields.get("sequence_index", 0))
 
     @classmethod
     def from_outputs(cls, outputs: Mapping[str, Any]) -> Chunk:
@@ -74,12 +80,13 @@ class Chunk:
         one-element list arrives as a bare value)."""
         items = {name: _items(value) for name, value in outputs.items()}
         fields = {name: items[name][0] for name in _FIELDS if items.get(name)}
-        return cls("".join(items.get("text_output", [])), [int(i) for i in items.get("output_ids", [])], fields)
+        return cls("".join(items.get("text_output", [])), [int(i) for i in items.get("output_ids", [])], fields,
+                   [float(v) for v in items.get("output_log_probs", [])])
 
 
 # a transport's receiver: each chunk, then None at the end of the stream, or an error
 Sink = Callable[[Chunk | ZerocheckError | None], None]
-_FIELDS = ("prompt_tokens", "completion_tokens", "sampler", "zerocheck_bypass", "finish_reason")
+_FIELDS = ("prompt_tokens", "completion_tokens", "sampler", "zerocheck_bypass", "finish_reason", "sequence_index")
 
 
 def _items(value: Any) -> list[Any]:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from zerocheck.serve import TritonServer, TritonServerNotFound, find_tritonserver
+from zerocheck.serve.stack import ServingStack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SERVER_FIXTURES = {"tritonserver_binary", "triton_server", "server_factory"}
+SERVER_FIXTURES = {"tritonserver_binary", "triton_server", "real_server", "server_factory"}
 READY_TIMEOUT_S = 300.0
 
 
@@ -72,12 +73,27 @@ def tritonserver_binary() -> Path:
 
 
 @pytest.fixture(scope="session")
-def triton_server(tritonserver_binary: Path) -> Iterator[TritonServer]:
-    """The real server over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=test_artifacts_dir(),
-    on free loopback ports, started once per session and READY (every model)."""
+def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
+    """The real server over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=test_artifacts_dir(), as
+    `zerocheck serve` runs it (HTTP through the front end's door, the OpenAI API beside), on free
+    loopback ports, started once per session and READY (every model)."""
     artifacts = test_artifacts_dir()
-    server = TritonServer(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
+    server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
                           env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
+    server.start()
+    try:
+        server.wait_ready(READY_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
+    """`zerocheck serve` over the default model (SmolLM2-135M-Instruct, onnxruntime decoder), started once
+    per session: the front end's door, the OpenAI API, gRPC and metrics on free loopback ports."""
+    server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
+                          env={"ZEROCHECK_ARTIFACTS": str(real_artifacts_dir())})
     server.start()
     try:
         server.wait_ready(READY_TIMEOUT_S)

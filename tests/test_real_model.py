@@ -86,7 +86,11 @@ def reference(hf):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def served(request, tritonserver_binary, artifacts, tmp_path_factory):
-    """(backend, server): the model repository with the decoder on `backend`, over the real model."""
+    """(backend, server): the model repository with the decoder on `backend`, over the real model (the
+    session's `real_server` for onnxruntime, the default backend)."""
+    if request.param == "onnxruntime":
+        yield request.param, request.getfixturevalue("real_server")
+        return
     repository = conftest.copied_repository(tmp_path_factory.mktemp(request.param),
                                             decoder={"backend": request.param})
     server = TritonServer(repository, tritonserver=tritonserver_binary, env={"ZEROCHECK_ARTIFACTS": str(artifacts)})

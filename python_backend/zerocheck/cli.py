@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "serve": ("zerocheck.serve.cli", "start tritonserver on the model repository"),
     "generate": ("zerocheck.clients.cli_generate", "generate text from a running server"),
     "chat": ("zerocheck.clients.cli_chat", "chat with the served model in the terminal"),
+    "openai": ("zerocheck.frontend.cli", "serve the OpenAI API (and the HTTP door) in front of a running server"),
     "health": ("zerocheck.clients.cli_health", "check server and model readiness"),
     "load": ("zerocheck.loadtests.cli", "run a Locust load test against the server"),
     "bench": ("zerocheck.bench.cli", "end-to-end benchmark of both sampler paths"),

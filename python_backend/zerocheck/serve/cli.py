@@ -13,8 +13,10 @@ from pathlib import Path
 import zerocheck
 from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
-from zerocheck.serve.server import (API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServer,
-                                    TritonServerError)
+from zerocheck.frontend.cli import add_limit_arguments
+from zerocheck.frontend.door import DoorLimits
+from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServerError
+from zerocheck.serve.stack import ServingStack
 
 REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
@@ -32,9 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifacts", type=Path, default=None,
                         help="artifacts the models load (default: $ZEROCHECK_ARTIFACTS or artifacts/ beside "
                              "the repository)")
-    parser.add_argument("--http-port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--http-port", type=int, default=8000,
+                        help="the public HTTP port: Triton's HTTP API through the guarded door (0 picks a free port)")
     parser.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port")
     parser.add_argument("--metrics-port", type=int, default=8002, help="0 picks a free port")
+    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI API (0 picks a free port)")
+    parser.add_argument("--no-openai", action="store_true", help="serve no OpenAI API")
+    add_limit_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--tritonserver", default=None, help="tritonserver binary (default: nvidia-pytriton's)")
     parser.add_argument("--api-key", default=None,
@@ -68,20 +74,26 @@ def ensure_artifacts(artifacts: Path, build: bool) -> bool:
     return True
 
 
-def print_endpoints(server: TritonServer, key_given: bool) -> None:
+def print_endpoints(server: ServingStack, key_given: bool) -> None:
     """The addresses, the log path and a curl line to try."""
     print(f"tritonserver ready (pid {server.pid}), log: {server.log_path}")
-    print(f"  HTTP     http://{server.http_url}\n  gRPC     {server.grpc_url}\n"
-          f"  metrics  http://{server.metrics_url}/metrics")
+    print(f"  HTTP     http://{server.http_url}   (Triton's HTTP API through the guarded door)\n"
+          f"  gRPC     {server.grpc_url}\n  metrics  http://{server.metrics_url}/metrics")
+    if server.openai_port is not None:
+        print(f"  OpenAI   {server.openai_url}   (model {server.frontend_served_model})")
     print(f"  {', '.join(RESTRICTED_APIS)} APIs need header '{API_KEY_HEADER}: <key>' "
           f"(gRPC metadata '{GRPC_API_KEY_HEADER}')"
           + ("" if key_given else "; no --api-key given: locked with a random key"))
     print(f"try:\n  zerocheck chat --url {server.grpc_url}\n"
-          f"  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{json.dumps(TRY_BODY)}'",
-          flush=True)
+          f"  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate -d '{json.dumps(TRY_BODY)}'")
+    if server.openai_port is not None:
+        chat = {"model": server.frontend_served_model, "messages": [{"role": "user", "content": "Hi!"}]}
+        print(f"  curl -s {server.openai_url}/chat/completions -H 'Content-Type: application/json' "
+              f"-d '{json.dumps(chat)}'")
+    print(end="", flush=True)
 
 
-def run_demo(server: TritonServer) -> None:
+def run_demo(server: ServingStack) -> None:
     """Print DEMO_QUESTION, then each streamed piece of the model's answer as it arrives."""
     print(f"user> {DEMO_QUESTION}\nassistant> ", end="", flush=True)
     for piece in stream_chat(server.grpc_url, DEMO_QUESTION, max_tokens=64):
@@ -89,7 +101,7 @@ def run_demo(server: TritonServer) -> None:
     print()
 
 
-def serve_until_stopped(server: TritonServer) -> int:
+def serve_until_stopped(server: ServingStack) -> int:
     """Block until Ctrl-C/SIGTERM (KeyboardInterrupt, handled by the caller) or until the server dies (1)."""
     while server.is_alive():
         time.sleep(0.5)
@@ -112,13 +124,15 @@ def run(args: argparse.Namespace) -> int:
     if not ensure_artifacts(artifacts, build=not args.no_build):
         return 2
     try:
-        server = TritonServer(
+        server = ServingStack(
             repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+            openai_port=args.openai_port, openai=not args.no_openai,
+            limits=DoorLimits(args.max_body_bytes, args.body_timeout_s),
             host=args.host, tritonserver=args.tritonserver, log_file=args.log_file,
             env={"ZEROCHECK_ARTIFACTS": str(artifacts)},
             restricted_api_key=args.api_key or secrets.token_urlsafe(32),  # never open by default
         )
-    except TritonServerNotFound as error:
+    except (TritonServerNotFound, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -97,10 +97,20 @@ class TritonServer:
     def _connect_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
 
+    def _address_of(self, endpoint: str) -> str:
+        """The address Triton binds `endpoint` (http, grpc, metrics) to."""
+        return self.host
+
+    @property
+    def triton_http_url(self) -> str:
+        """`host:port` of Triton's own HTTP endpoint (tritonclient style, no scheme)."""
+        address = self._address_of("http")
+        return f"{'127.0.0.1' if address in ('0.0.0.0', '') else address}:{self.ports['http']}"
+
     @property
     def http_url(self) -> str:
-        """`host:port` of the HTTP endpoint (tritonclient style, no scheme)."""
-        return f"{self._connect_host}:{self.ports['http']}"
+        """`host:port` of the public HTTP endpoint (here Triton's own)."""
+        return self.triton_http_url
 
     @property
     def grpc_url(self) -> str:
@@ -162,7 +172,7 @@ class TritonServer:
             f"--grpc-header-forward-pattern={HEADER_FORWARD_PATTERN}",
         ]
         for name, port in self.ports.items():
-            args += [f"--{name}-address={self.host}", f"--{name}-port={port}"]
+            args += [f"--{name}-address={self._address_of(name)}", f"--{name}-port={port}"]
         backend_dir = prepare_backend_dir(self.binary)
         if backend_dir is not None:
             args.append(f"--backend-directory={backend_dir}")
@@ -215,14 +225,14 @@ class TritonServer:
         would answer health checks but never print this)."""
         if not self._bound:
             log = self.log_path.read_text(errors="replace")
-            self._bound = all(line.format(f"{self.host}:{port}") in log for line, port in
-                              ((STARTED_LINE[name], port) for name, port in self.ports.items()))
+            self._bound = all(STARTED_LINE[name].format(f"{self._address_of(name)}:{port}") in log
+                              for name, port in self.ports.items())
         return self._bound
 
     def _health_ready(self) -> bool:
         """`GET /v2/health/ready` is 200: with --strict-readiness, also every model is READY."""
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+            with urllib.request.urlopen(f"http://{self.triton_http_url}/v2/health/ready", timeout=2) as reply:
                 return reply.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -234,7 +244,7 @@ class TritonServer:
     def repository_index(self) -> list[dict[str, str]]:
         """`POST /v2/repository/index`: [{name, version, state, reason}] for every model ([] when unreachable)."""
         request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+            f"http://{self.triton_http_url}/v2/repository/index", data=b"{}", method="POST",
             headers=self.api_key_headers("http"),
         )
         try:

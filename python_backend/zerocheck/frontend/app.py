@@ -1,0 +1,138 @@
+"""The front end's process: the OpenAI API on one port, the guarded door to Triton's HTTP on another,
+both with the same limits: request bodies (`DoorLimits`), header lines and fields (aiohttp's parser
+limits), and time (a connection that has not sent a whole request within `header_timeout_s` is
+closed; a body that does not arrive within `body_timeout_s` is answered 408)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import tritonclient.grpc.aio as aiogrpc
+from aiohttp import web
+
+from zerocheck.clients.endpoint import MAX_MESSAGE_BYTES
+from zerocheck.frontend.door import DoorLimits, TritonDoor
+from zerocheck.frontend.errors import FrontendError
+from zerocheck.frontend.metrics import FrontendMetrics
+from zerocheck.frontend.openai_routes import OpenAIRoutes
+
+log = logging.getLogger("zerocheck.frontend")
+MAX_HEADER_LINE = 8190  # bytes per request line and per header field (aiohttp's parser limits)
+MAX_HEADERS = 100
+
+
+@dataclass(frozen=True)
+class FrontendOptions:
+    grpc_url: str  # Triton's gRPC endpoint: the OpenAI API calls `model` there
+    host: str = "127.0.0.1"
+    openai_port: int | None = 9000  # None: no OpenAI API
+    door_port: int | None = None  # with triton_http_url: the public HTTP port
+    triton_http_url: str | None = None  # Triton's internal HTTP endpoint (http://127.0.0.1:PORT)
+    model: str = "ensemble"
+    served_model: str = "zerocheck"
+    artifacts: Path | None = None  # the tokenizer, for log-probability token texts
+    limits: DoorLimits = DoorLimits()
+    header_timeout_s: float = 15.0
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Any failure a handler did not answer itself: a JSON error, never a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:  # aiohttp's own (404 route, 405 method): as JSON errors
+        if error.status < 400:
+            raise
+        return FrontendError(error.status, error.reason or "error").response()
+    except FrontendError as error:
+        return error.response()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return FrontendError(500, "internal error; see the front end's log").response()
+
+
+def handler_args(options: FrontendOptions) -> dict:
+    return {"max_line_size": MAX_HEADER_LINE, "max_field_size": MAX_HEADER_LINE, "max_headers": MAX_HEADERS,
+            "keepalive_timeout": options.header_timeout_s}
+
+
+def load_tokenizer_of(artifacts: Path | None):
+    """The served model's tokenizer (token texts of log-probabilities), None when the artifacts hold none."""
+    from zerocheck.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(artifacts) if artifacts is not None else None
+    except FileNotFoundError as error:
+        log.warning("no tokenizer (%s): requests for logprobs will be refused", error)
+        return None
+
+
+class Frontend:
+    """Both listeners and the shared gRPC client; `start()` binds, `stop()` closes."""
+
+    def __init__(self, options: FrontendOptions) -> None:
+        self.options = options
+        self.metrics = FrontendMetrics()
+        self.client = aiogrpc.InferenceServerClient(options.grpc_url, channel_args=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        self.runners: list[web.AppRunner] = []
+
+    def openai_app(self) -> web.Application:
+        options = self.options
+        app = web.Application(middlewares=[json_errors])
+        routes = OpenAIRoutes(self.client, options.model, options.served_model, load_tokenizer_of(options.artifacts),
+                              self.metrics, options.limits)
+        routes.add_to(app)
+        return app
+
+    def door_app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors])
+        TritonDoor(self.options.triton_http_url, self.options.limits, self.metrics).add_to(app)
+        return app
+
+    async def start(self) -> dict[str, int]:
+        """Bind the listeners; returns {"openai": port, "door": port} as bound (0 picks a free port)."""
+        apps = {}
+        if self.options.openai_port is not None:
+            apps["openai"] = (self.openai_app(), self.options.openai_port)
+        if self.options.door_port is not None and self.options.triton_http_url:
+            apps["door"] = (self.door_app(), self.options.door_port)
+        bound = {}
+        for name, (app, port) in apps.items():
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **handler_args(self.options))
+            await runner.setup()
+            site = web.TCPSite(runner, self.options.host, port, reuse_address=True)
+            await site.start()
+            self.runners.append(runner)
+            bound[name] = runner.addresses[0][1]
+        return bound
+
+    async def stop(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()
+        await self.client.close()
+
+
+async def serve_forever(options: FrontendOptions, ready_file: Path | None = None) -> None:
+    """Run until SIGTERM/SIGINT; writes the bound ports as JSON to `ready_file` once listening."""
+    frontend = Frontend(options)
+    bound = await frontend.start()
+    message = json.dumps({"ports": bound, "served_model": options.served_model})
+    if ready_file is not None:
+        ready_file.write_text(message)
+    log.info("zerocheck front end listening: %s", message)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await frontend.stop()
+
+
+__all__ = ["Frontend", "FrontendOptions", "serve_forever"]

@@ -1,0 +1,131 @@
+"""The guarded door to Triton's HTTP API: the only public HTTP port; Triton's own binds an internal one.
+
+Triton 2.51's HTTP server crashes (SIGSEGV, every stream lost) on a request body of about 5 MB or
+more sent with Content-Length (upstream issue triton-inference-server/server#5840) and has no flag
+to cap it. The door reads each body itself under a limit (413 with a JSON error naming it), within a
+time limit (408), and only then forwards the request to Triton with the same method, path, query,
+headers and body; the answer comes back as Triton gave it, streamed (`generate_stream` SSE passes
+through chunk by chunk). Triton keeps enforcing its restricted-API keys. One change: an overload
+(an error whose message starts `RESOURCE_EXHAUSTED:`, which a Python model can only raise as 503)
+is answered 429 with `Retry-After`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from zerocheck.frontend.errors import RETRY_AFTER_S, FrontendError
+from zerocheck.frontend.metrics import FrontendMetrics
+
+TRITON_CRASH_BYTES = 5 * 1024 * 1024  # the smallest body seen to crash Triton 2.51's HTTP server
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+METHODS = ("GET", "POST", "HEAD")
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    max_body_bytes: int = 2 * 1024 * 1024
+    body_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_body_bytes < TRITON_CRASH_BYTES:
+            raise ValueError(f"max_body_bytes must be in (0, {TRITON_CRASH_BYTES}): Triton 2.51 crashes on bodies of "
+                             f"about 5 MB (triton-inference-server/server#5840), got {self.max_body_bytes}")
+
+
+async def read_body(request: web.Request, limits: DoorLimits) -> bytes:
+    """The whole body, refused with 413 above the limit (at once when Content-Length says so, else as soon
+    as the chunks pass it) or 408 when it does not arrive within the time limit."""
+    if request.content_length is not None and request.content_length > limits.max_body_bytes:
+        raise too_large(limits, request.content_length)
+    body = bytearray()
+
+    async def read() -> None:
+        async for block in request.content.iter_any():
+            body.extend(block)
+            if len(body) > limits.max_body_bytes:
+                raise too_large(limits, None)
+
+    try:
+        await asyncio.wait_for(read(), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise FrontendError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s") from None
+    return bytes(body)
+
+
+def too_large(limits: DoorLimits, size: int | None) -> FrontendError:
+    got = f" (Content-Length {size})" if size is not None else ""
+    return FrontendError(413, f"request body larger than the limit of {limits.max_body_bytes} bytes{got}",
+                         code="REQUEST_TOO_LARGE")
+
+
+class TritonDoor:
+    """Forwards `/v2/...` to Triton's internal HTTP endpoint `upstream` (http://host:port)."""
+
+    def __init__(self, upstream: str, limits: DoorLimits, metrics: FrontendMetrics) -> None:
+        self.upstream, self.limits, self.metrics = upstream.rstrip("/"), limits, metrics
+        self.session: aiohttp.ClientSession | None = None
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_route("*", "/v2{tail:.*}", self.forward)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+
+    async def _open(self, app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+
+    async def _close(self, app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if request.method not in METHODS:
+                raise FrontendError(405, f"method {request.method} is not allowed here")
+            body = await read_body(request, self.limits)
+            return await self._relay(request, body)
+        except FrontendError as error:
+            self.metrics.answered("door", error.status)
+            return error.response()
+        except asyncio.CancelledError:
+            self.metrics.disconnects["door"] += 1
+            raise
+
+    async def _relay(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        url = f"{self.upstream}{request.rel_url}"
+        try:
+            upstream = await self.session.request(request.method, url, headers=headers, data=body or None,
+                                                  allow_redirects=False)
+        except aiohttp.ClientError as error:
+            raise FrontendError(503, f"tritonserver is not reachable: {error}") from None
+        async with upstream:
+            answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+            if upstream.status >= 400:  # small JSON errors: read whole, overloads answered 429
+                return self._error(upstream.status, await upstream.read(), answer_headers)
+            response = web.StreamResponse(status=upstream.status, headers=answer_headers)
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            async for block in upstream.content.iter_any():
+                await response.write(block)
+            await response.write_eof()
+            self.metrics.answered("door", upstream.status)
+            return response
+
+    def _error(self, status: int, body: bytes, headers: dict[str, str]) -> web.Response:
+        try:
+            message = str(json.loads(body).get("error", ""))
+        except (ValueError, AttributeError):
+            message = ""
+        if message.startswith("RESOURCE_EXHAUSTED:"):
+            status, headers = 429, {**headers, "Retry-After": str(RETRY_AFTER_S)}
+        self.metrics.answered("door", status)
+        return web.Response(status=status, body=body, headers=headers)
