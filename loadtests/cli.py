@@ -18,11 +18,12 @@ from zerocheck.loadtests.profiles import ProfileError, bundled_profiles, load_pr
 from zerocheck.loadtests.request_log import read_request_log
 from zerocheck.loadtests.server_metrics import requests_by_sampler
 from zerocheck.loadtests.summary import format_table, summarize
-from zerocheck.loadtests.targets import (DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL,
+from zerocheck.loadtests.targets import (DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL, DEFAULT_OPENAI_URL,
                                         RemoteTargetRefused, check_targets)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
-USER_CLASSES = {"grpc": ["GrpcStreamUser"], "http": ["HttpStreamUser"], "both": ["GrpcStreamUser", "HttpStreamUser"]}
+USER_CLASSES = {"grpc": ["GrpcStreamUser"], "http": ["HttpStreamUser"], "openai": ["OpenAIStreamUser"],
+                "both": ["GrpcStreamUser", "HttpStreamUser"]}
 STOP_TIMEOUT_S = 60  # in-flight requests finish when users stop, so the server's counters match Locust's
 
 
@@ -33,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zerocheck", choices=("on", "off", "ab"), default="ab",
                         help="sampler path; ab alternates per request (request names carry the path)")
     parser.add_argument("--protocol", choices=tuple(USER_CLASSES), default="both", help="which users run")
-    parser.add_argument("--url", default=None, help="host:port of the chosen --protocol (grpc or http)")
+    parser.add_argument("--url", default=None, help="host:port of the chosen --protocol (grpc or http), or the "
+                                                    "OpenAI API's base URL (http://host:port/v1)")
     parser.add_argument("--grpc-url", default=DEFAULT_GRPC_URL)
     parser.add_argument("--http-url", default=DEFAULT_HTTP_URL)
+    parser.add_argument("--openai-url", default=DEFAULT_OPENAI_URL)
     parser.add_argument("--metrics-url", default=DEFAULT_METRICS_URL, help="server metrics, for counter deltas")
     parser.add_argument("--model", default="ensemble")
     parser.add_argument("--prompt-source", default="synthetic", help="synthetic or file[:PATH]")
@@ -55,16 +58,17 @@ class Targets:
     grpc_url: str
     http_url: str
     metrics_url: str
+    openai_url: str
 
 
 def targets_of(args: argparse.Namespace) -> Targets:
-    """The endpoints from --url/--grpc-url/--http-url/--metrics-url (raises ValueError for --url with both)."""
-    grpc_url, http_url = args.grpc_url, args.http_url
+    """The endpoints from --url/--grpc-url/--http-url/--openai-url/--metrics-url (ValueError for --url with both)."""
+    urls = {"grpc": args.grpc_url, "http": args.http_url, "openai": args.openai_url}
     if args.url:
         if args.protocol == "both":
-            raise ValueError("--url needs --protocol grpc or http; use --grpc-url and --http-url for both")
-        grpc_url, http_url = (args.url, http_url) if args.protocol == "grpc" else (grpc_url, args.url)
-    return Targets(grpc_url, http_url, args.metrics_url)
+            raise ValueError("--url needs --protocol grpc, http or openai; use --grpc-url and --http-url for both")
+        urls[args.protocol] = args.url
+    return Targets(urls["grpc"], urls["http"], args.metrics_url, urls["openai"])
 
 
 @contextlib.contextmanager
@@ -74,16 +78,16 @@ def served(args: argparse.Namespace, targets: Targets) -> Iterator[Targets]:
         yield targets
         return
     from zerocheck.serve.cli import default_model_repository
-    from zerocheck.serve.server import TritonServer
+    from zerocheck.serve.stack import ServingStack
 
     repository = default_model_repository()
     artifacts = args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts")
-    server = TritonServer(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts.resolve())})
-    print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
+    server = ServingStack(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts.resolve())})
+    print(f"starting tritonserver and the front end (log: {server.log_path}) ...", flush=True)
     server.start()
     try:
         server.wait_ready(600)
-        yield Targets(server.grpc_url, server.http_url, server.metrics_url)
+        yield Targets(server.grpc_url, server.http_url, server.metrics_url, server.openai_url)
     finally:
         server.stop()
 
@@ -93,7 +97,8 @@ def locust_command(args: argparse.Namespace, targets: Targets, out: Path) -> lis
                "--csv", str(out / "locust"), "--html", str(out / "report.html"), "--stop-timeout", str(STOP_TIMEOUT_S),
                "--load-profile", str(profile_path(args.profile)), "--profile-users", str(args.users),
                "--profile-duration", str(args.duration), "--zerocheck", args.zerocheck,
-               "--grpc-url", targets.grpc_url, "--http-url", targets.http_url, "--model", args.model,
+               "--grpc-url", targets.grpc_url, "--http-url", targets.http_url, "--openai-url", targets.openai_url,
+               "--model", args.model,
                "--prompt-source", args.prompt_source, "--request-log", str(out / "requests"), "--seed", str(args.seed)]
     if args.artifacts:
         command += ["--artifacts", str(args.artifacts)]
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile = load_profile(args.profile).scaled(args.users or None, args.duration or None)
         targets = targets_of(args)
-        check_targets([targets.grpc_url, targets.http_url, targets.metrics_url], args.allow_remote)
+        check_targets([targets.grpc_url, targets.http_url, targets.metrics_url, targets.openai_url], args.allow_remote)
     except (ProfileError, RemoteTargetRefused, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

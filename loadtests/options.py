@@ -9,7 +9,7 @@ from locust.env import Environment
 
 from zerocheck.loadtests.profiles import Profile, load_profile
 from zerocheck.loadtests.prompts import PromptSource, load_prompt_source
-from zerocheck.loadtests.targets import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, check_targets
+from zerocheck.loadtests.targets import DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_OPENAI_URL, check_targets
 
 def add_locust_options(parser: argparse.ArgumentParser) -> None:
     """Listener of `events.init_command_line_parser` (Locust passes these on to its workers)."""
@@ -22,6 +22,8 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
                        help="sampler path: on (zero_check), off (checked), ab (alternate per request)")
     group.add_argument("--grpc-url", default=DEFAULT_GRPC_URL, help="host:port of Triton's gRPC endpoint")
     group.add_argument("--http-url", default=DEFAULT_HTTP_URL, help="host:port of Triton's HTTP endpoint")
+    group.add_argument("--openai-url", default=DEFAULT_OPENAI_URL, help="base URL of the OpenAI API (…/v1)")
+    group.add_argument("--served-model", default="", help="model name for the OpenAI API (default: its first)")
     group.add_argument("--model", default="ensemble", help="decoupled generate model (ensemble or generate)")
     group.add_argument("--prompt-source", default="synthetic", help="synthetic (tokenizer vocabulary) or file[:PATH]")
     group.add_argument("--artifacts", default="", help="artifacts with the tokenizer (default: $ZEROCHECK_ARTIFACTS)")
@@ -38,6 +40,8 @@ class LoadOptions:
     zerocheck: str
     grpc_url: str
     http_url: str
+    openai_url: str
+    served_model: str
     model: str
     timeout_s: float
     seed: int
@@ -51,10 +55,11 @@ def load_options(environment: Environment) -> LoadOptions:
     key = id(environment)
     if key not in _CACHE:
         options = environment.parsed_options
-        check_targets([options.grpc_url, options.http_url], options.allow_remote)
+        check_targets([options.grpc_url, options.http_url, options.openai_url], options.allow_remote)
         profile = load_profile(options.load_profile).scaled(options.profile_users or None,
                                                             options.profile_duration or None)
         prompts = load_prompt_source(options.prompt_source, Path(options.artifacts) if options.artifacts else None)
         _CACHE[key] = LoadOptions(profile, prompts, options.zerocheck, options.grpc_url, options.http_url,
-                                  options.model, options.request_timeout, options.seed)
+                                  options.openai_url, options.served_model, options.model, options.request_timeout,
+                                  options.seed)
     return _CACHE[key]

@@ -7,6 +7,7 @@ import socket
 DEFAULT_GRPC_URL = "127.0.0.1:8001"
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 DEFAULT_METRICS_URL = "127.0.0.1:8002"
+DEFAULT_OPENAI_URL = "http://127.0.0.1:9000/v1"
 
 
 class RemoteTargetRefused(ValueError):

@@ -1,5 +1,6 @@
-"""Locust users that stream generations: `GrpcStreamUser` (tritonclient.grpc bidirectional stream) and
-`HttpStreamUser` (POST .../generate_stream, server-sent events). Both time every token themselves and report
+"""Locust users that stream generations: `GrpcStreamUser` (tritonclient.grpc bidirectional stream),
+`HttpStreamUser` (POST .../generate_stream, server-sent events) and `OpenAIStreamUser` (the OpenAI API's
+chat completions, server-sent events). Both time every token themselves and report
 through `fire_request_events`; the request name carries the sampler path, e.g. `generate_stream[zero_check]`.
 
 The locustfile must call `grpc.experimental.gevent.init_gevent()` before a gRPC user starts."""
@@ -162,3 +163,51 @@ class HttpStreamUser(LLMStreamUser):
                 final_outputs(timing, event)
         if not timing.finish_reason:
             raise StreamError("stream ended without a final response (no finish_reason)")
+
+
+class OpenAIStreamUser(LLMStreamUser):
+    """Streams chat completions from the OpenAI API (`POST {openai_url}/chat/completions`, SSE chunks); the
+    path goes as the `zerocheck` header, the path served comes back in `X-ZeroCheck-Sampler`/`-Bypass`."""
+
+    protocol = "OpenAI"
+    endpoint = "chat_completions"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.session = requests.Session()
+        base = self.options.openai_url.rstrip("/")
+        self.url = f"{base}/chat/completions"
+        self.model = self.options.served_model or self.session.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
+
+    def on_stop(self) -> None:
+        self.session.close()
+
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
+        body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                "max_tokens": request.max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                **sampling}
+        timing.start = time.perf_counter()
+        with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s,
+                               headers={"zerocheck": request.zerocheck}) as reply:
+            if reply.status_code != 200:
+                raise StreamError(f"HTTP {reply.status_code}: {reply.text[:200]}")
+            final_outputs(timing, {"sampler": reply.headers.get("X-ZeroCheck-Sampler", ""),
+                                   "zerocheck_bypass": reply.headers.get("X-ZeroCheck-Bypass") == "true"})
+            for line in reply.iter_lines(chunk_size=None):
+                if line.startswith(b"event: error"):
+                    raise StreamError(f"error event: {reply.text[:200]}")
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if "error" in chunk:
+                    raise StreamError(str(chunk["error"]))
+                for choice in chunk["choices"]:
+                    if choice["delta"].get("content"):  # one server response, one token
+                        timing.tokens_arrived(1, choice["delta"]["content"])
+                    if choice.get("finish_reason"):
+                        timing.finish_reason = choice["finish_reason"]
+                if chunk.get("usage"):
+                    final_outputs(timing, chunk["usage"])
+        if not timing.finish_reason:
+            raise StreamError("stream ended without a finish_reason")

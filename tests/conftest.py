@@ -16,6 +16,7 @@ from zerocheck.serve.stack import ServingStack
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVER_FIXTURES = {"tritonserver_binary", "triton_server", "real_server", "server_factory"}
 READY_TIMEOUT_S = 300.0
+ADMIN_KEY = "zerocheck-test-admin-key"  # the session servers lock the restricted APIs, as `zerocheck serve` does
 
 
 def test_artifacts_dir() -> Path:
@@ -79,7 +80,7 @@ def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
     loopback ports, started once per session and READY (every model)."""
     artifacts = test_artifacts_dir()
     server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
-                          env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
+                          env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=ADMIN_KEY)
     server.start()
     try:
         server.wait_ready(READY_TIMEOUT_S)
@@ -93,7 +94,7 @@ def real_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
     """`zerocheck serve` over the default model (SmolLM2-135M-Instruct, onnxruntime decoder), started once
     per session: the front end's door, the OpenAI API, gRPC and metrics on free loopback ports."""
     server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
-                          env={"ZEROCHECK_ARTIFACTS": str(real_artifacts_dir())})
+                          env={"ZEROCHECK_ARTIFACTS": str(real_artifacts_dir())}, restricted_api_key=ADMIN_KEY)
     server.start()
     try:
         server.wait_ready(READY_TIMEOUT_S)

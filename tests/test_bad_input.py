@@ -139,8 +139,6 @@ CASES = [
          "messages must be at most 65536 bytes"),
     Case("messages_and_text_input", G, E, {"text_input": PROMPT, "messages": '[{"role": "user", "content": "hi"}]'},
          INV, "give exactly one of text_input (a prompt) and messages (a chat)"),
-    Case("messages_without_chat_template", G, E, {"messages": '[{"role": "user", "content": "hi"}]'}, INV,
-         "messages: the served model has no chat template; send text_input instead"),
     # -- generate / ensemble over HTTP ------------------------------------------------------------------------
     Case("http_max_tokens_zero", "http", E, {"text_input": PROMPT, "max_tokens": 0}, INV,
          "max_tokens must be an integer in [1, 256]"),

@@ -3,6 +3,7 @@ step, request parsing and admission control."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 
 import numpy as np
@@ -305,3 +306,15 @@ def test_word_lists_read_csv_like_tensorrtllm_backend(element, words):
 def test_any_word_survives_word_list_element(word):
     element = word_list_element(word)
     assert parse_generate_request(request(text_input="x", stop_words=[element]), {}).stop_words == (word,)
+
+
+def test_chat_needs_a_chat_template(tokenizer):
+    messages = request(messages='[{"role": "user", "content": "hi"}]')
+    service = GenerateService(tokenizer, None, Limits(), max_active=1, max_queue=1)
+    prepared = service.prepare(messages, {})  # the tiny model's template frames turns with <s> ... </s>
+    assert tokenizer.decode(prepared.prompt_ids, skip_special_tokens=False) == "<s>user\nhi</s>\n<s>assistant\n"
+    assert tokenizer.end_ids == (tokenizer.eos_id,)
+    without = copy.copy(tokenizer)
+    without.chat_template = None
+    with pytest.raises(InvalidRequest, match="messages: the served model has no chat template; send text_input"):
+        GenerateService(without, None, Limits(), max_active=1, max_queue=1).prepare(messages, {})

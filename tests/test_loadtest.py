@@ -10,21 +10,21 @@ from pathlib import Path
 
 from zerocheck.loadtests import cli
 from zerocheck.loadtests.server_metrics import requests_by_sampler
-from zerocheck.serve import TritonServer
+from zerocheck.serve.stack import ServingStack
 
 PATHS = ("zero_check", "checked")
 
 
-def load_args(server: TritonServer, out: Path) -> argparse.Namespace:
+def load_args(server: ServingStack, out: Path, protocol: str = "both", duration: int = 20) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     return parser.parse_args([
-        "--profile", "steady", "--users", "4", "--duration", "20", "--zerocheck", "ab", "--protocol", "both",
-        "--grpc-url", server.grpc_url, "--http-url", server.http_url, "--metrics-url", server.metrics_url,
-        "--artifacts", server.env["ZEROCHECK_ARTIFACTS"], "--out", str(out)])
+        "--profile", "steady", "--users", "4", "--duration", str(duration), "--zerocheck", "ab", "--protocol", protocol,
+        "--grpc-url", server.grpc_url, "--http-url", server.http_url, "--openai-url", server.openai_url,
+        "--metrics-url", server.metrics_url, "--artifacts", server.env["ZEROCHECK_ARTIFACTS"], "--out", str(out)])
 
 
-def test_load_run_matches_server_counters(triton_server: TritonServer, tmp_path: Path) -> None:
+def test_load_run_matches_server_counters(triton_server: ServingStack, tmp_path: Path) -> None:
     before = requests_by_sampler(triton_server.metrics_url)
     assert cli.run(load_args(triton_server, tmp_path)) == 0
     after = requests_by_sampler(triton_server.metrics_url)
@@ -52,3 +52,18 @@ def test_load_run_matches_server_counters(triton_server: TritonServer, tmp_path:
         assert summary[path]["errors"] == 0
         assert summary[path]["ttft_ms"]["p50"] > 0 and summary[path]["itl_ms"]["p50"] > 0
         assert summary[path]["output_tokens_per_s"] > 0
+
+
+def test_openai_users_share_the_accounting(triton_server: ServingStack, tmp_path: Path) -> None:
+    before = requests_by_sampler(triton_server.metrics_url)
+    assert cli.run(load_args(triton_server, tmp_path, protocol="openai", duration=10)) == 0
+    after = requests_by_sampler(triton_server.metrics_url)
+    rows = list(csv.DictReader((tmp_path / "locust_stats.csv").open()))
+    requests = {(r["Type"], r["Name"]): int(r["Request Count"]) - int(r["Failure Count"]) for r in rows}
+    assert sum(int(r["Failure Count"]) for r in rows if r["Name"] == "Aggregated") == 0
+    for path in PATHS:
+        name = f"chat_completions[{path}]"
+        assert requests.get(("OpenAI", name), 0) > 0 and requests.get(("time_to_first_token", name), 0) > 0
+        assert after.get(path, 0) - before.get(path, 0) == requests[("OpenAI", name)], path
+    summary = json.loads((tmp_path / "summary.json").read_text())["paths"]
+    assert summary["zero_check"]["bypass_rate"] == 1.0 and summary["checked"]["bypass_rate"] == 0.0

@@ -17,7 +17,7 @@ from generate_calls import grpc_generate
 from zerocheck.serve import TritonServer, cli
 from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
-KEY = "test-admin-key"
+KEY = conftest.ADMIN_KEY
 ECHO_REPOSITORY = Path(__file__).parent / "fixtures" / "echo_repository"
 # one call per restricted API group: (method, path, body)
 HTTP_RESTRICTED = [
@@ -40,11 +40,10 @@ GRPC_RESTRICTED = [
 
 
 @pytest.fixture(scope="module")
-def locked_server(tritonserver_binary: Path):
-    with TritonServer(conftest.REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
-                      env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())},
-                      restricted_api_key=KEY) as server:
-        yield server
+def locked_server(triton_server):
+    """The session's server: locked with KEY, HTTP through the front end's door, as `zerocheck serve` runs."""
+    assert triton_server.restricted_api_key == KEY
+    return triton_server
 
 
 def http_call(server, method: str, path: str, body: str | None, headers=None) -> requests.Response:

@@ -1,7 +1,5 @@
 """The front end's process: the OpenAI API on one port, the guarded door to Triton's HTTP on another,
-both with the same limits: request bodies (`DoorLimits`), header lines and fields (aiohttp's parser
-limits), and time (a connection that has not sent a whole request within `header_timeout_s` is
-closed; a body that does not arrive within `body_timeout_s` is answered 408)."""
+both under the same `HttpLimits` (body size and time, header size, idle connections)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,14 +13,13 @@ import tritonclient.grpc.aio as aiogrpc
 from aiohttp import web
 
 from zerocheck.clients.endpoint import MAX_MESSAGE_BYTES
-from zerocheck.frontend.door import DoorLimits, TritonDoor
+from zerocheck.frontend.door import TritonDoor
+from zerocheck.frontend.limits import HttpLimits
 from zerocheck.frontend.errors import FrontendError
 from zerocheck.frontend.metrics import FrontendMetrics
 from zerocheck.frontend.openai_routes import OpenAIRoutes
 
 log = logging.getLogger("zerocheck.frontend")
-MAX_HEADER_LINE = 8190  # bytes per request line and per header field (aiohttp's parser limits)
-MAX_HEADERS = 100
 
 
 @dataclass(frozen=True)
@@ -35,8 +32,7 @@ class FrontendOptions:
     model: str = "ensemble"
     served_model: str = "zerocheck"
     artifacts: Path | None = None  # the tokenizer, for log-probability token texts
-    limits: DoorLimits = DoorLimits()
-    header_timeout_s: float = 15.0
+    limits: HttpLimits = HttpLimits()
 
 
 @web.middleware
@@ -55,11 +51,6 @@ async def json_errors(request: web.Request, handler):
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return FrontendError(500, "internal error; see the front end's log").response()
-
-
-def handler_args(options: FrontendOptions) -> dict:
-    return {"max_line_size": MAX_HEADER_LINE, "max_field_size": MAX_HEADER_LINE, "max_headers": MAX_HEADERS,
-            "keepalive_timeout": options.header_timeout_s}
 
 
 def load_tokenizer_of(artifacts: Path | None):
@@ -105,7 +96,7 @@ class Frontend:
             apps["door"] = (self.door_app(), self.options.door_port)
         bound = {}
         for name, (app, port) in apps.items():
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **handler_args(self.options))
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **self.options.limits.handler_args())
             await runner.setup()
             site = web.TCPSite(runner, self.options.host, port, reuse_address=True)
             await site.start()

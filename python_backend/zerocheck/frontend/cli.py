@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 from zerocheck.frontend.app import FrontendOptions, serve_forever
-from zerocheck.frontend.door import DoorLimits
+from zerocheck.frontend.limits import HttpLimits
 
-DEFAULT_LIMITS = DoorLimits()
+DEFAULT_LIMITS = HttpLimits()
 
 
 def served_model_name(artifacts: Path | None) -> str:
@@ -35,6 +35,12 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
                              "Triton 2.51 crashes on bodies of about 5 MB)")
     parser.add_argument("--body-timeout-s", type=float, default=DEFAULT_LIMITS.body_timeout_s,
                         help="seconds for a request body to arrive, answered 408 after (default %(default)s)")
+    parser.add_argument("--header-timeout-s", type=float, default=DEFAULT_LIMITS.header_timeout_s,
+                        help="seconds a connection may take to send a whole request head (default %(default)s)")
+
+
+def limits_of(args: argparse.Namespace) -> HttpLimits:
+    return HttpLimits(args.max_body_bytes, args.body_timeout_s, args.header_timeout_s)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +68,7 @@ def options_of(args: argparse.Namespace) -> FrontendOptions:
         grpc_url=args.url, host=args.host, openai_port=None if args.no_openai else args.port, door_port=args.door_port,
         triton_http_url=args.triton_http_url, model=args.model,
         served_model=args.served_model_name or served_model_name(artifacts), artifacts=artifacts,
-        limits=DoorLimits(args.max_body_bytes, args.body_timeout_s))
+        limits=limits_of(args))
 
 
 def run(args: argparse.Namespace) -> int:

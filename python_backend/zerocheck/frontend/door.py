@@ -13,61 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
 from zerocheck.frontend.errors import RETRY_AFTER_S, FrontendError
+from zerocheck.frontend.limits import HttpLimits, read_body
 from zerocheck.frontend.metrics import FrontendMetrics
 
-TRITON_CRASH_BYTES = 5 * 1024 * 1024  # the smallest body seen to crash Triton 2.51's HTTP server
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
               "transfer-encoding", "upgrade", "host", "content-length"}
 METHODS = ("GET", "POST", "HEAD")
 
 
-@dataclass(frozen=True)
-class DoorLimits:
-    max_body_bytes: int = 2 * 1024 * 1024
-    body_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.max_body_bytes < TRITON_CRASH_BYTES:
-            raise ValueError(f"max_body_bytes must be in (0, {TRITON_CRASH_BYTES}): Triton 2.51 crashes on bodies of "
-                             f"about 5 MB (triton-inference-server/server#5840), got {self.max_body_bytes}")
-
-
-async def read_body(request: web.Request, limits: DoorLimits) -> bytes:
-    """The whole body, refused with 413 above the limit (at once when Content-Length says so, else as soon
-    as the chunks pass it) or 408 when it does not arrive within the time limit."""
-    if request.content_length is not None and request.content_length > limits.max_body_bytes:
-        raise too_large(limits, request.content_length)
-    body = bytearray()
-
-    async def read() -> None:
-        async for block in request.content.iter_any():
-            body.extend(block)
-            if len(body) > limits.max_body_bytes:
-                raise too_large(limits, None)
-
-    try:
-        await asyncio.wait_for(read(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
-        raise FrontendError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s") from None
-    return bytes(body)
-
-
-def too_large(limits: DoorLimits, size: int | None) -> FrontendError:
-    got = f" (Content-Length {size})" if size is not None else ""
-    return FrontendError(413, f"request body larger than the limit of {limits.max_body_bytes} bytes{got}",
-                         code="REQUEST_TOO_LARGE")
-
-
 class TritonDoor:
     """Forwards `/v2/...` to Triton's internal HTTP endpoint `upstream` (http://host:port)."""
 
-    def __init__(self, upstream: str, limits: DoorLimits, metrics: FrontendMetrics) -> None:
+    def __init__(self, upstream: str, limits: HttpLimits, metrics: FrontendMetrics) -> None:
         self.upstream, self.limits, self.metrics = upstream.rstrip("/"), limits, metrics
         self.session: aiohttp.ClientSession | None = None
 

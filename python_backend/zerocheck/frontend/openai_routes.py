@@ -17,7 +17,7 @@ import zerocheck
 from zerocheck.clients.aio_grpc_transport import stream_chunks
 from zerocheck.clients.errors import ZerocheckError
 from zerocheck.clients.response import Chunk
-from zerocheck.frontend.door import DoorLimits, read_body
+from zerocheck.frontend.limits import HttpLimits, read_body
 from zerocheck.frontend.errors import FrontendError, from_server, invalid
 from zerocheck.frontend.metrics import FrontendMetrics
 from zerocheck.frontend.openai_schema import (CHAT, PARAM_OF, TEXT, Call, Choice, chunk_body, completion_body,
@@ -34,7 +34,7 @@ class OpenAIRoutes:
     texts for log-probabilities (None: log-probabilities are refused)."""
 
     def __init__(self, client, model: str, served_model: str, tokenizer: TextTokenizer | None,
-                 metrics: FrontendMetrics, limits: DoorLimits) -> None:
+                 metrics: FrontendMetrics, limits: HttpLimits) -> None:
         self.client, self.model, self.served_model = client, model, served_model
         self.tokenizer, self.metrics, self.limits = tokenizer, metrics, limits
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import zerocheck
 from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
-from zerocheck.frontend.cli import add_limit_arguments
-from zerocheck.frontend.door import DoorLimits
+from zerocheck.frontend.cli import add_limit_arguments, limits_of
 from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
 
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         server = ServingStack(
             repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
             openai_port=args.openai_port, openai=not args.no_openai,
-            limits=DoorLimits(args.max_body_bytes, args.body_timeout_s),
+            limits=limits_of(args),
             host=args.host, tritonserver=args.tritonserver, log_file=args.log_file,
             env={"ZEROCHECK_ARTIFACTS": str(artifacts)},
             restricted_api_key=args.api_key or secrets.token_urlsafe(32),  # never open by default

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from zerocheck.frontend.door import DoorLimits
+from zerocheck.frontend.limits import HttpLimits
 from zerocheck.serve.server import TritonServer, TritonServerError
 
 
@@ -29,7 +29,7 @@ class ServingStack(TritonServer):
     """
 
     def __init__(self, model_repository, http_port: int | None = None, openai_port: int | None = None,
-                 openai: bool = True, limits: DoorLimits = DoorLimits(), served_model_name: str | None = None,
+                 openai: bool = True, limits: HttpLimits = HttpLimits(), served_model_name: str | None = None,
                  **kwargs) -> None:
         super().__init__(model_repository, http_port=0, **kwargs)
         self.door_port, self.openai_port = http_port or 0, (openai_port or 0) if openai else None
@@ -61,7 +61,8 @@ class ServingStack(TritonServer):
                    "--host", self.host, "--triton-http-url", f"http://{self.triton_http_url}",
                    "--door-port", str(self.door_port), "--ready-file", str(self._ready_file),
                    "--max-body-bytes", str(self.limits.max_body_bytes),
-                   "--body-timeout-s", str(self.limits.body_timeout_s)]
+                   "--body-timeout-s", str(self.limits.body_timeout_s),
+                   "--header-timeout-s", str(self.limits.header_timeout_s)]
         command += ["--port", str(self.openai_port)] if self.openai_port is not None else ["--no-openai"]
         if self.env.get("ZEROCHECK_ARTIFACTS"):
             command += ["--artifacts", self.env["ZEROCHECK_ARTIFACTS"]]

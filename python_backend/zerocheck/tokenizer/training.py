@@ -1,6 +1,7 @@
 """Train a deterministic byte-level BPE on the Python standard library, or copy a checkpoint's tokenizer.
 
-The vocabulary is `<s>` (BOS), `</s>` (EOS), `<pad>` (PAD), the 256 byte symbols and learned merges.
+The vocabulary is `<s>` (BOS), `</s>` (EOS), `<pad>` (PAD), the 256 byte symbols and learned merges;
+its chat template (`TINY_CHAT_TEMPLATE`) frames each turn with `<s>` and `</s>`.
 When the local text cannot reach the requested size, reserved special tokens `<|reserved_N|>`
 pad the vocabulary up to exactly `vocab_size` (recorded as `reserved_tokens`).
 """
@@ -21,6 +22,9 @@ BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
 PAD_TOKEN = "<pad>"
 SPECIAL_TOKENS = [BOS_TOKEN, EOS_TOKEN, PAD_TOKEN]
+# the tiny model's chat template: ChatML's shape over its own specials (a turn ends with EOS)
+TINY_CHAT_TEMPLATE = ("{% for message in messages %}<s>{{ message['role'] }}\n{{ message['content'] }}</s>\n"
+                      "{% endfor %}{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -110,6 +114,7 @@ def _save_hf_files(tokenizer: Tokenizer, out_dir: Path) -> None:
         "model_max_length": 1_000_000,
         "add_bos_token": False,
         "clean_up_tokenization_spaces": False,
+        "chat_template": TINY_CHAT_TEMPLATE,
         **specials,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
