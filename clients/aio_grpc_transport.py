@@ -2,6 +2,7 @@
 and one client attempt (`grpc_attempt`); cancelling either cancels the call."""
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -30,10 +31,11 @@ async def stream_chunks(client: aiogrpc.InferenceServerClient, model: str, reque
     try:
         responses = client.stream_infer(one_request(), stream_timeout=timeout_s, headers=headers)
         async for result, error in responses:
+            received = time.perf_counter()
             if error is not None:
                 raise error_from_grpc(None, error.message())
             outputs = result.get_response().outputs
-            yield Chunk.from_outputs({output.name: result.as_numpy(output.name) for output in outputs})
+            yield Chunk.from_outputs({output.name: result.as_numpy(output.name) for output in outputs}, received)
         finished = True
     except grpc.RpcError as error:
         raise error_from_grpc(error.code().name, error.details() or str(error.code())) from None

@@ -65,6 +65,7 @@ class Chunk:
     token_ids: list[int]
     fields: dict[str, Any]  # prompt_tokens, completion_tokens, sampler, zerocheck_bypass, finish_reason
     log_probs: list[float] = field(default_factory=list)  # output_log_probs, when asked for
+    received_s: float = 0.0  # time.perf_counter() when it arrived (0: not recorded)
 
     @property
     def final(self) -> bool:
@@ -75,13 +76,13 @@ class Chunk:
         return int(self.fields.get("sequence_index", 0))
 
     @classmethod
-    def from_outputs(cls, outputs: Mapping[str, Any]) -> Chunk:
+    def from_outputs(cls, outputs: Mapping[str, Any], received_s: float = 0.0) -> Chunk:
         """outputs: output name -> numpy array (gRPC, batch dim first) or JSON value (HTTP, where a
         one-element list arrives as a bare value)."""
         items = {name: _items(value) for name, value in outputs.items()}
         fields = {name: items[name][0] for name in _FIELDS if items.get(name)}
         return cls("".join(items.get("text_output", [])), [int(i) for i in items.get("output_ids", [])], fields,
-                   [float(v) for v in items.get("output_log_probs", [])])
+                   [float(v) for v in items.get("output_log_probs", [])], received_s)
 
 
 # a transport's receiver: each chunk, then None at the end of the stream, or an error

@@ -2,7 +2,7 @@
 # Set up, then run the default test suite (everything but `slow`) and a short bounded stress run.
 # Arguments go to pytest. Exit code 5 (no test collected) is not a failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ./scripts/setup.sh || exit 1
 . .venv/bin/activate
 command -v shellcheck >/dev/null || { apt-get install -y -qq shellcheck >/dev/null 2>&1 || true; }

@@ -105,10 +105,13 @@ def test_entrypoint_builds_then_execs_tritonserver(tmp_path: Path):
     result = entrypoint(tmp_path, "--log-verbose=1", ZEROCHECK_ENGINE="none", ZEROCHECK_ADMIN_KEY_FILE=str(key_file),
                         TRITON_HTTP_ADDRESS="127.0.0.1", TRITON_MODEL_REPOSITORY="s3://bucket/models")
     assert result.returncode == 0, result.stderr
-    build, exec_line = result.stdout.splitlines()
+    build, exec_line, frontend = result.stdout.splitlines()
     assert build == f"build: (cd {tmp_path} && python3 {tmp_path}/build_engines.py --out {tmp_path}/artifacts)"
     assert exec_line.startswith("exec: tritonserver --model-repository=s3://bucket/models ")
-    for flag in ("--http-address=127.0.0.1", "--grpc-port=8001", "--metrics-port=8002",
+    assert frontend.split() == ["frontend:", "python3", "-m", "zerocheck.frontend", "--url=127.0.0.1:8001",
+                                "--host=127.0.0.1", "--door-port=8000", "--triton-http-url=http://127.0.0.1:8080",
+                                f"--artifacts={tmp_path}/artifacts", "--max-body-bytes=2097152", "--port=9000"]
+    for flag in ("--http-address=127.0.0.1", "--http-port=8080", "--grpc-port=8001", "--metrics-port=8002",
                  "--grpc-header-forward-pattern=zerocheck.*",
                  "--http-restricted-api=model-repository,shared-memory,trace,logging:admin-key=<redacted-10-chars>",
                  "--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:admin-key=<redacted-10-chars>"):
@@ -157,6 +160,8 @@ ALL_ON = {
     "apiKey": {"value": "s3cret"},
     "modelRepository": {"type": "url", "url": "s3://bucket/model_repository", "credentialsSecret": "aws"},
     "artifacts": {"claimName": "zerocheck-engines"},
+    "ingress": {"enabled": True, "host": "llm.example.com", "tlsSecret": "llm-tls"},
+    "limits": {"maxBodyBytes": 1048576},
 }
 PVC_QUEUE = {
     "modelRepository": {"type": "pvc", "pvc": {"claimName": "models", "subPath": "repo"}},
@@ -222,7 +227,9 @@ def test_chart_defaults(helm):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
     ports = {p["name"]: p["port"] for p in manifests["Service/demo-zerocheck"]["spec"]["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+    env = {e["name"]: e["value"] for e in triton["env"]}
+    assert env["ZEROCHECK_OPENAI_PORT"] == "9000" and env["ZEROCHECK_MAX_BODY_BYTES"] == "2097152"
 
 
 def test_chart_all_toggles(helm):
@@ -251,6 +258,12 @@ def test_chart_all_toggles(helm):
     assert worker["args"][:4] == ["-f", "loadtests/locustfile.py", "--worker", "--master-host=demo-zerocheck-locust"]
     assert "--host=http://demo-zerocheck:8000" in worker["args"]
     assert "Service/demo-zerocheck-locust" in manifests
+
+    ingress = manifests["Ingress/demo-zerocheck"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == "1048576"
+    assert env["ZEROCHECK_MAX_BODY_BYTES"] == "1048576"  # the edge and the pod's door refuse the same bodies
+    paths = {p["path"]: p["backend"]["service"]["port"]["name"] for p in ingress["spec"]["rules"][0]["http"]["paths"]}
+    assert paths == {"/v1": "openai", "/v2": "http"} and ingress["spec"]["tls"][0]["hosts"] == ["llm.example.com"]
 
 
 def test_chart_pvc_and_queue_time(helm):

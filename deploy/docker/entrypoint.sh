@@ -3,7 +3,9 @@
 #
 # 1. Builds the artifacts (tokenizer, decoder weights, ONNX) and the GPU engine with
 #    build_engines.py when they are missing or were built for another GPU model.
-# 2. execs tritonserver with zerocheck's flags, restricted admin APIs and env-chosen addresses.
+# 2. runs tritonserver (its HTTP endpoint on an internal loopback port) and zerocheck's front end: the
+#    guarded door to Triton's HTTP on the public HTTP port, and the OpenAI API; it exits when either
+#    exits (the orchestrator restarts the container) and passes SIGTERM/SIGINT on to both.
 #
 # Environment (defaults in brackets):
 #   ZEROCHECK_ENGINE       auto | tensorrt | tensorrt-llm | none   [auto: tensorrt-llm, else tensorrt, else none]
@@ -12,11 +14,17 @@
 #   ZEROCHECK_ARTIFACTS    artifact directory (build --out; read by the models) [$ZEROCHECK_HOME/artifacts]
 #   TRITON_MODEL_REPOSITORY  path or s3://, gs://, as:// URL       [$ZEROCHECK_HOME/model_repository]
 #   TRITON_{HTTP,GRPC,METRICS}_{ADDRESS,PORT}                      [0.0.0.0, 8000/8001/8002]
+#                          (the HTTP address and port are the front end's door; Triton's own HTTP
+#                          endpoint binds 127.0.0.1:$ZEROCHECK_TRITON_HTTP_PORT)
+#   ZEROCHECK_TRITON_HTTP_PORT  Triton's internal HTTP port        [8080]
+#   ZEROCHECK_OPENAI_PORT  the OpenAI API's port, or "none"        [9000]
+#   ZEROCHECK_MAX_BODY_BYTES  largest HTTP request body (413 above; below 5 MB) [2097152]
 #   ZEROCHECK_ADMIN_KEY / ZEROCHECK_ADMIN_KEY_FILE  key for the restricted APIs [random: locked]
 #   ZEROCHECK_ADMIN_KEY_HEADER   header carrying the key           [admin-key]
 #   ZEROCHECK_RESTRICTED_APIS    comma list, or "none"             [model-repository,shared-memory,trace,logging]
 #   ZEROCHECK_DRY_RUN      1: print the plan and the tritonserver command, run nothing   [0]
 # Arguments starting with "-" are appended to tritonserver's; any other command is exec'd as is.
+# ZEROCHECK_DRY_RUN=1 prints "exec: tritonserver ..." and "frontend: python3 -m zerocheck.frontend ...".
 set -euo pipefail
 
 ZEROCHECK_HOME=${ZEROCHECK_HOME:-/opt/zerocheck}
@@ -106,9 +114,10 @@ if [[ ${ZEROCHECK_SKIP_BUILD:-0} != 1 ]]; then
     build_artifacts
 fi
 
+internal_http=${ZEROCHECK_TRITON_HTTP_PORT:-8080}
 args=(
     "--model-repository=${TRITON_MODEL_REPOSITORY:-$ZEROCHECK_HOME/model_repository}"
-    "--http-address=${TRITON_HTTP_ADDRESS:-0.0.0.0}" "--http-port=${TRITON_HTTP_PORT:-8000}"
+    "--http-address=127.0.0.1" "--http-port=$internal_http"
     "--grpc-address=${TRITON_GRPC_ADDRESS:-0.0.0.0}" "--grpc-port=${TRITON_GRPC_PORT:-8001}"
     "--metrics-address=${TRITON_METRICS_ADDRESS:-0.0.0.0}" "--metrics-port=${TRITON_METRICS_PORT:-8002}"
     "--grpc-header-forward-pattern=zerocheck.*"
@@ -120,10 +129,30 @@ if [[ $restricted != none ]]; then
     args+=("--http-restricted-api=$restricted:$header=$key" "--grpc-restricted-protocol=$restricted:$header=$key")
 fi
 
+frontend=(
+    python3 -m zerocheck.frontend "--url=127.0.0.1:${TRITON_GRPC_PORT:-8001}"
+    "--host=${TRITON_HTTP_ADDRESS:-0.0.0.0}" "--door-port=${TRITON_HTTP_PORT:-8000}"
+    "--triton-http-url=http://127.0.0.1:$internal_http" "--artifacts=$ARTIFACTS"
+    "--max-body-bytes=${ZEROCHECK_MAX_BODY_BYTES:-2097152}"
+)
+openai=${ZEROCHECK_OPENAI_PORT:-9000}
+if [[ $openai == none ]]; then frontend+=(--no-openai); else frontend+=("--port=$openai"); fi
+
 if [[ $DRY_RUN == 1 ]]; then
     shown="tritonserver ${args[*]} $*"
     [[ -n ${key:-} ]] && shown=${shown//"$key"/<redacted-${#key}-chars>}
     echo "exec: $shown"
+    echo "frontend: ${frontend[*]}"
     exit 0
 fi
-exec tritonserver "${args[@]}" "$@"
+tritonserver "${args[@]}" "$@" &
+triton_pid=$!
+"${frontend[@]}" &
+frontend_pid=$!
+trap 'kill -TERM "$triton_pid" "$frontend_pid" 2>/dev/null' TERM INT
+status=0
+wait -n "$triton_pid" "$frontend_pid" || status=$?
+log "a process exited (status $status): stopping the other"
+kill -TERM "$triton_pid" "$frontend_pid" 2>/dev/null || true
+wait "$triton_pid" "$frontend_pid" 2>/dev/null || true
+exit "$status"

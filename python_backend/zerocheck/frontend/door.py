@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 from aiohttp import web
@@ -77,7 +78,9 @@ class TritonDoor:
                 response.content_length = upstream.content_length
             await response.prepare(request)
             async for block in upstream.content.iter_any():
+                arrived = time.perf_counter()
                 await response.write(block)
+                self.metrics.forwarded("door", time.perf_counter() - arrived)
             await response.write_eof()
             self.metrics.answered("door", upstream.status)
             return response

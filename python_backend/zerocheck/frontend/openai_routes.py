@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -184,8 +185,10 @@ class OpenAIRoutes:
                 was_done = choice.done
                 text = self._take(call, choices, chunk)
                 if text or (call.logprobs and chunk.token_ids and not was_done):
-                    logprobs = logprobs_of(call, self._token_texts(chunk.token_ids), chunk.log_probs)
+                    logprobs = logprobs_of(call, self._token_texts(chunk.token_ids), chunk.log_probs) \
+                        if call.logprobs else None
                     await send(chunk_body(call, FINGERPRINT, choice.index, text=text, logprobs=logprobs))
+                    self.metrics.forwarded("openai", time.perf_counter() - chunk.received_s)
                 if choice.done and not was_done:
                     await send(chunk_body(call, FINGERPRINT, choice.index, finish_reason=choice.finish_reason))
                 chunk = await anext(chunks, None)
