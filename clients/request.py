@@ -41,6 +41,7 @@ class GenerateRequest:
     messages: tuple[dict[str, str], ...] | None = None
     num_return_sequences: int | None = None
     return_log_probs: bool = False
+    top_log_probs: int = 0  # with return_log_probs: also this many alternatives per token
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     end_id: int | None = None  # -1: never stop at an end token
 
@@ -52,7 +53,7 @@ class GenerateRequest:
         for name in SAMPLING_NAMES:
             fields.pop(name, None)
         unknown = set(fields) - {"max_tokens", "seed", "min_tokens", "zerocheck", "request_id", "num_return_sequences",
-                                 "return_log_probs", "logit_bias", "end_id"}
+                                 "return_log_probs", "top_log_probs", "logit_bias", "end_id"}
         if unknown:
             raise TypeError(f"unknown generate argument(s): {', '.join(sorted(unknown))}")
         if (prompt is None) == (messages is None):
@@ -70,6 +71,7 @@ class GenerateRequest:
                     "bad_words": [word_list_element(word) for word in self.bad_words],
                     "num_return_sequences": self.num_return_sequences, "end_id": self.end_id,
                     "return_log_probs": self.return_log_probs or None,
+                    "return_top_log_probs": self.top_log_probs or None,
                     "logit_bias_ids": [token for token, _ in self.logit_bias],
                     "logit_bias_values": [bias for _, bias in self.logit_bias]}
         values.update({name: value for name, value in optional.items() if value not in (None, [])})

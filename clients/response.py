@@ -66,6 +66,7 @@ class Chunk:
     fields: dict[str, Any]  # prompt_tokens, completion_tokens, sampler, zerocheck_bypass, finish_reason
     log_probs: list[float] = field(default_factory=list)  # output_log_probs, when asked for
     received_s: float = 0.0  # time.perf_counter() when it arrived (0: not recorded)
+    top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, best first
 
     @property
     def final(self) -> bool:
@@ -81,8 +82,13 @@ class Chunk:
         one-element list arrives as a bare value)."""
         items = {name: _items(value) for name, value in outputs.items()}
         fields = {name: items[name][0] for name in _FIELDS if items.get(name)}
-        return cls("".join(items.get("text_output", [])), [int(i) for i in items.get("output_ids", [])], fields,
-                   [float(v) for v in items.get("output_log_probs", [])], received_s)
+        ids = [int(i) for i in items.get("output_ids", [])]
+        top_ids, top_log_probs = items.get("output_top_ids", []), items.get("output_top_log_probs", [])
+        k = len(top_ids) // len(ids) if ids and top_ids else 0  # [1, tokens, k], flat here
+        top = [[(int(t), float(lp)) for t, lp in zip(top_ids[i * k:(i + 1) * k], top_log_probs[i * k:(i + 1) * k])
+                if t >= 0] for i in range(len(ids))] if k else []
+        return cls("".join(items.get("text_output", [])), ids, fields,
+                   [float(v) for v in items.get("output_log_probs", [])], received_s, top)
 
 
 # a transport's receiver: each chunk, then None at the end of the stream, or an error

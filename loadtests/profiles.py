@@ -52,6 +52,7 @@ class Profile:
     output_tokens: LengthDistribution = LengthDistribution()
     sampling: dict[str, int | float] = field(default_factory=dict)  # sampling input name -> value
     description: str = ""
+    exact_output_tokens: bool = False  # every request generates exactly its output length (min_tokens = max_tokens)
 
     @property
     def duration(self) -> float:
@@ -120,10 +121,17 @@ def _profile(name: str, data: Any) -> Profile:
     profile = Profile(name, stages, _lengths(data.get("prompt_tokens", {}), Profile.prompt_tokens),
                       _lengths(data.get("output_tokens", {}), Profile.output_tokens),
                       _sampling(data.get("sampling") or {}),
-                      str(data.get("description", "")))
+                      str(data.get("description", "")), _flag(data, "exact_output_tokens"))
     if profile.duration > MAX_DURATION_S:
         raise ValueError(f"total duration {profile.duration:.0f} s exceeds {MAX_DURATION_S} s")
     return profile
+
+
+def _flag(data: dict[str, Any], name: str) -> bool:
+    value = data.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def _sampling(data: dict[str, Any]) -> dict[str, int | float]:

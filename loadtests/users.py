@@ -88,6 +88,7 @@ class GrpcStreamUser(LLMStreamUser):
     def inputs(self, request: GenerationRequest) -> list[Any]:
         values: dict[str, tuple[str, Any]] = {
             "text_input": ("BYTES", request.prompt.encode()), "max_tokens": ("INT32", request.max_tokens),
+            "min_tokens": ("INT32", request.min_tokens),
             "stream": ("BOOL", True), **{k: (SAMPLING_DTYPES[k], v) for k, v in request.sampling.items()}}
         inputs = []
         for name, (dtype, value) in values.items():
@@ -146,7 +147,8 @@ class HttpStreamUser(LLMStreamUser):
 
     def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
         sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
-        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True,
+        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "min_tokens": request.min_tokens,
+                "stream": True,
                 "zerocheck": request.zerocheck, **sampling}
         timing.start = time.perf_counter()
         with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s) as reply:
@@ -185,7 +187,8 @@ class OpenAIStreamUser(LLMStreamUser):
     def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
         sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
         body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
-                "max_tokens": request.max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                "max_tokens": request.max_tokens, "min_tokens": request.min_tokens, "stream": True,
+                "stream_options": {"include_usage": True},
                 **sampling}
         timing.start = time.perf_counter()
         with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s,

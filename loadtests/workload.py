@@ -20,6 +20,7 @@ class GenerationRequest:
     max_tokens: int
     path: str  # zero_check | checked
     sampling: dict[str, int | float]
+    min_tokens: int = 0  # = max_tokens when the profile asks for exact output lengths
 
     @property
     def zerocheck(self) -> str:
@@ -37,5 +38,6 @@ class Workload:
 
     def next_request(self) -> GenerationRequest:
         prompt = self.prompts.prompt(draw_length(self.profile.prompt_tokens, self.rng), self.rng)
-        return GenerationRequest(prompt, draw_length(self.profile.output_tokens, self.rng), next(self.paths),
-                                 self.profile.sampling)
+        max_tokens = draw_length(self.profile.output_tokens, self.rng)
+        return GenerationRequest(prompt, max_tokens, next(self.paths), self.profile.sampling,
+                                 max_tokens if self.profile.exact_output_tokens else 0)

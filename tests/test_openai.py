@@ -123,8 +123,16 @@ def test_logprobs_are_served_by_the_checked_path(client):
     content = reply.parse().choices[0].logprobs.content
     assert "".join(t.token for t in content) == reply.parse().choices[0].message.content
     assert all(t.logprob <= 0 and t.bytes == list(t.token.encode()) for t in content)
-    with pytest.raises(openai.BadRequestError, match="only the sampled token"):
-        client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=4, logprobs=True, top_logprobs=3)
+    top = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=4, seed=3, logprobs=True,
+                                         top_logprobs=3).choices[0].logprobs.content
+    for token in top:  # the alternatives are ordered, and none is more likely than the first
+        alternatives = [t.logprob for t in token.top_logprobs]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+        assert token.logprob <= alternatives[0] + 1e-6
+    text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                     logprobs=2).choices[0].logprobs
+    assert len(text.tokens) == 3 and all(len(alternatives) == 2 for alternatives in text.top_logprobs)
+    assert text.text_offset == [0, len(text.tokens[0]), len(text.tokens[0]) + len(text.tokens[1])]
 
 
 def test_zerocheck_header_switches_the_path(client):

@@ -43,6 +43,7 @@ def test_content_parts_roles_and_prompts():
     (CHAT, {**CHAT_BODY, "logit_bias": {"x": 1}}, "logit_bias"),
     (CHAT, {**CHAT_BODY, "logit_bias": {"3": 101}}, "logit_bias"),
     (CHAT, {**CHAT_BODY, "top_logprobs": 2}, "top_logprobs"),
+    (CHAT, {**CHAT_BODY, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (CHAT, {**CHAT_BODY, "response_format": {"type": "json_object"}}, "response_format"),
     (CHAT, {**CHAT_BODY, "frequency_penalty": 3}, "frequency_penalty"),
     (CHAT, {**CHAT_BODY, "n": 1.5}, "n"),
@@ -51,7 +52,7 @@ def test_content_parts_roles_and_prompts():
     (TEXT, {"model": "m", "prompt": "x", "echo": True}, "echo"),
     (TEXT, {"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
     (TEXT, {"model": "m", "prompt": "x", "suffix": "y"}, "suffix"),
-    (TEXT, {"model": "m", "prompt": "x", "logprobs": 9}, "logprobs"),
+    (TEXT, {"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
 ])
 def test_refusals_name_the_field(kind, body, param):
     with pytest.raises(FrontendError) as error:

@@ -3,8 +3,9 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.sampling.checked import draw_sorted
+from zerocheck.sampling.checked import draw_sorted, top_alternatives
 from zerocheck.api.errors import InvalidRequest
+from zerocheck.serving.inputs import TOP_LOG_PROBS
 from zerocheck.serving.sampler_inputs import check_token_ids, gather_batch, refuse_nan, respond
 from zerocheck.serving.triton import ModelConfig
 
@@ -36,6 +37,9 @@ class TritonPythonModel:
 
     def draw(self, batch):
         order = torch.from_numpy(np.concatenate(self.sorted_ids))
-        tokens, log_probs = draw_sorted(batch.tensors["sorted_probs"].float(), order.long(), batch.params, batch.steps)
+        sorted_probs = batch.tensors["sorted_probs"].float()
+        tokens, log_probs = draw_sorted(sorted_probs, order.long(), batch.params, batch.steps)
+        top_ids, top_log_probs = top_alternatives(sorted_probs, order, TOP_LOG_PROBS)
         return {"output_id": tokens.to(torch.int32).numpy().reshape(-1, 1),
-                "output_log_prob": log_probs.numpy().reshape(-1, 1)}, [None] * len(batch.rows)
+                "output_log_prob": log_probs.numpy().reshape(-1, 1),
+                "top_ids": top_ids.numpy(), "top_log_probs": top_log_probs.numpy()}, [None] * len(batch.rows)

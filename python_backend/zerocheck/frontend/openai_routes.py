@@ -137,8 +137,8 @@ class OpenAIRoutes:
         except ZerocheckError as error:
             raise from_server(error, PARAM_OF) from None
 
-    def _token_texts(self, ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([token]) for token in ids] if self.tokenizer is not None else []
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])  # a Call with logprobs needs the tokenizer (see _call)
 
     def _take(self, call: Call, choices: list[Choice], chunk: Chunk) -> str:
         """Apply one server chunk to its choice; returns the choice's new text."""
@@ -147,6 +147,7 @@ class OpenAIRoutes:
             return ""
         choice.token_ids += chunk.token_ids
         choice.log_probs += chunk.log_probs
+        choice.top_log_probs += chunk.top_log_probs
         choice.completion_tokens = int(chunk.fields.get("completion_tokens", len(choice.token_ids)))
         text = choice.add_text(chunk.text, chunk.final)
         if chunk.final and not choice.done:
@@ -161,8 +162,7 @@ class OpenAIRoutes:
         while chunk is not None and not all(c.done for c in choices):
             self._take(call, choices, chunk)
             chunk = await anext(chunks, None)
-        texts = [self._token_texts(c.token_ids) if call.logprobs else [] for c in choices]
-        return completion_body(call, FINGERPRINT, choices, prompt_tokens, texts)
+        return completion_body(call, FINGERPRINT, choices, prompt_tokens, self._token_text)
 
     async def _stream(self, request: web.Request, call: Call, first: Chunk, chunks: AsyncIterator[Chunk],
                       path_headers: dict[str, str], endpoint: str) -> web.StreamResponse:
@@ -185,8 +185,8 @@ class OpenAIRoutes:
                 was_done = choice.done
                 text = self._take(call, choices, chunk)
                 if text or (call.logprobs and chunk.token_ids and not was_done):
-                    logprobs = logprobs_of(call, self._token_texts(chunk.token_ids), chunk.log_probs) \
-                        if call.logprobs else None
+                    logprobs = logprobs_of(call, chunk.token_ids, chunk.log_probs, chunk.top_log_probs,
+                                           self._token_text)
                     await send(chunk_body(call, FINGERPRINT, choice.index, text=text, logprobs=logprobs))
                     self.metrics.forwarded("openai", time.perf_counter() - chunk.received_s)
                 if choice.done and not was_done:

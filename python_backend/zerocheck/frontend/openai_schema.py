@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from zerocheck.api.errors import InvalidRequest
 from zerocheck.clients.request import GenerateRequest
@@ -196,9 +196,6 @@ def parse_call(kind: str, body: Any, headers: Mapping[str, str]) -> Call:
     include_usage = bool((options or {}).get("include_usage", False))
     n = _number(body, "n", 1, MAX_N, integer=True) or 1
     logprobs, top = _logprobs(kind, body)
-    if top:
-        raise invalid("top_logprobs / logprobs > 0: only the sampled token's log-probability is served", "top_logprobs"
-                      if kind == CHAT else "logprobs")
     limit = body.get("max_completion_tokens") if kind == CHAT and "max_completion_tokens" in body else None
     max_tokens = _number({"max_completion_tokens": limit} if limit is not None else body,
                          "max_completion_tokens" if limit is not None else "max_tokens", 1, 2**31 - 1, integer=True)
@@ -220,7 +217,7 @@ def parse_call(kind: str, body: Any, headers: Mapping[str, str]) -> Call:
         max_tokens=max_tokens, seed=None if seed is None else seed % 2**64, stop=_stop(body),
         min_tokens=_number(body, "min_tokens", 0, 2**31 - 1, integer=True), zerocheck=zerocheck,
         request_id=headers.get("x-request-id"), num_return_sequences=n if n > 1 else None,
-        return_log_probs=logprobs, logit_bias=_logit_bias(body), end_id=-1 if _bool(body, "ignore_eos") else None,
+        return_log_probs=logprobs, top_log_probs=top, logit_bias=_logit_bias(body), end_id=-1 if _bool(body, "ignore_eos") else None,
         **{name: value for name, value in sampling.items() if value is not None})
     return Call(kind, model, stream, include_usage, n, logprobs, generate)
 
@@ -285,6 +282,7 @@ class Choice:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    top_log_probs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     completion_tokens: int = 0
 
@@ -310,34 +308,44 @@ def usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
-def logprobs_of(call: Call, tokens: list[str], log_probs: list[float]) -> dict | None:
-    """OpenAI's `logprobs` object for `tokens` (their texts) and their log-probabilities."""
+def logprobs_of(call: Call, ids: list[int], log_probs: list[float], tops: list[list[tuple[int, float]]],
+                text_of: Callable[[int], str]) -> dict | None:
+    """OpenAI's `logprobs` object for the tokens `ids`, their log-probabilities and, per token, the most
+    likely alternatives (`tops`: (id, log-probability), best first); `text_of` gives a token's text."""
     if not call.logprobs:
         return None
+    tokens = [text_of(token) for token in ids]
+    tops = tops or [[] for _ in ids]
     if call.kind == CHAT:
-        return {"content": [{"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
-                            for token, lp in zip(tokens, log_probs)]}
+        def entry(token: str, lp: float) -> dict:
+            return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+
+        return {"content": [{**entry(token, lp), "top_logprobs": [entry(text_of(t), alt) for t, alt in top
+                                                                   if math.isfinite(alt)]}
+                            for token, lp, top in zip(tokens, log_probs, tops)]}
     offsets, position = [], 0
     for token in tokens:
         offsets.append(position)
         position += len(token)
-    return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": [{} for _ in tokens],
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": log_probs, "text_offset": offsets,
+            "top_logprobs": [{text_of(t): alt for t, alt in top if math.isfinite(alt)} for top in tops]}
 
 
 def completion_body(call: Call, fingerprint: str, choices: list[Choice], prompt_tokens: int,
-                    token_texts: list[list[str]]) -> dict:
+                    text_of: Callable[[int], str]) -> dict:
     """The non-streamed answer."""
+    def logprobs(c: Choice) -> dict | None:
+        return logprobs_of(call, c.token_ids, c.log_probs, c.top_log_probs, text_of)
+
     if call.kind == CHAT:
         items = [{"index": c.index, "message": {"role": "assistant", "content": "".join(c.text)},
-                  "logprobs": logprobs_of(call, texts, c.log_probs),
-                  "finish_reason": FINISH_REASON.get(c.finish_reason or "", "stop")}
-                 for c, texts in zip(choices, token_texts)]
+                  "logprobs": logprobs(c), "finish_reason": FINISH_REASON.get(c.finish_reason or "", "stop")}
+                 for c in choices]
         kind = "chat.completion"
     else:
-        items = [{"index": c.index, "text": "".join(c.text), "logprobs": logprobs_of(call, texts, c.log_probs),
+        items = [{"index": c.index, "text": "".join(c.text), "logprobs": logprobs(c),
                   "finish_reason": FINISH_REASON.get(c.finish_reason or "", "stop")}
-                 for c, texts in zip(choices, token_texts)]
+                 for c in choices]
         kind = "text_completion"
     return {"id": call.response_id, "object": kind, "created": call.created, "model": call.model,
             "system_fingerprint": fingerprint, "choices": items, "usage": usage(prompt_tokens, choices)}

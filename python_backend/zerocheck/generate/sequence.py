@@ -38,19 +38,24 @@ class StepCall:
     want_log_prob: bool
 
 
+TopLogProbs = tuple[tuple[int, float], ...]  # the most likely tokens of one step: (token id, log-probability)
+
+
 @dataclass(frozen=True)
 class StepOutput:
     token: int
     log_prob: float | None = None
+    top: TopLogProbs = ()  # the checked path's most likely alternatives, best first
 
 
 @dataclass
 class Chunk:
-    """A streamed piece: new text and ids since the last chunk."""
+    """A streamed piece: new text and ids since the last chunk (and their log-probabilities when asked)."""
 
     text: str
     ids: list[int]
     log_probs: list[float]
+    top_log_probs: list[TopLogProbs] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +67,7 @@ class Generation:
     prompt_tokens: int
     finish_reason: str  # length | stop | eos | cancelled
     log_probs: list[float] = field(default_factory=list)
+    top_log_probs: list[TopLogProbs] = field(default_factory=list)
     arrival_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
@@ -77,7 +83,7 @@ def choose_path(request: GenerateRequest) -> tuple[str, str | None]:
     chain computes."""
     if not request.zerocheck:
         return CHECKED, None
-    if request.return_log_probs:
+    if request.return_log_probs or request.top_log_probs:
         return CHECKED, "return_log_probs"
     return ZERO_CHECK, None
 
@@ -135,6 +141,8 @@ class Sequence:
         self._detok = IncrementalDetokenizer(tokenizer)
         self._unsent = 0  # ids accepted but not yet in a chunk
         self._unsent_log_probs: list[float] = []
+        self.top_log_probs: list[TopLogProbs] = []
+        self._unsent_top: list[TopLogProbs] = []
         self._sent_end = False
         self._generation: Generation | None = None
 
@@ -155,7 +163,7 @@ class Sequence:
                         end=self._sent_end,
                         sampling=self._min_tokens_sampling if step < self.request.min_tokens else self.sampling,
                         history=self.prompt_ids + self.ids if self.needs_history else None, step=step,
-                        path=self.path, want_log_prob=self.request.return_log_probs)
+                        path=self.path, want_log_prob=self.request.return_log_probs or self.request.top_log_probs > 0)
 
     def accept(self, out: StepOutput) -> None:
         """Apply the sampled token of the step `next_call` asked for."""
@@ -170,6 +178,10 @@ class Sequence:
         if out.log_prob is not None:
             self.log_probs.append(out.log_prob)
             self._unsent_log_probs.append(out.log_prob)
+        if self.request.top_log_probs:
+            top = out.top[:self.request.top_log_probs]
+            self.top_log_probs.append(top)
+            self._unsent_top.append(top)
         if any(ends_with(self.ids, stop) for stop in self.stop_ids):
             self.finish = "stop"
         elif len(self.ids) >= self.max_tokens:
@@ -188,8 +200,8 @@ class Sequence:
             return None
         ids = self.ids[len(self.ids) - self._unsent:] if self._unsent else []
         text = self._detok.push(ids) + (self._detok.flush() if self.done else "")
-        chunk = Chunk(text, ids, self._unsent_log_probs)
-        self._unsent, self._unsent_log_probs = 0, []
+        chunk = Chunk(text, ids, self._unsent_log_probs, self._unsent_top)
+        self._unsent, self._unsent_log_probs, self._unsent_top = 0, [], []
         return chunk if chunk.ids or chunk.text else None
 
     def generation(self) -> Generation:
@@ -200,6 +212,6 @@ class Sequence:
                 text = self.request.prompt + text
             self._generation = Generation(text=text, ids=self.ids, prompt_tokens=len(self.prompt_ids),
                                           finish_reason=self.finish or "length", log_probs=self.log_probs,
-                                          arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
+                                          top_log_probs=self.top_log_probs, arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
                                           last_token_ns=self.last_token_ns)
         return self._generation

@@ -10,6 +10,7 @@ check.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -26,7 +27,8 @@ from zerocheck.tokenizer import TextTokenizer
 from zerocheck.tokenizer.chat import ChatTemplateError
 
 OUTPUTS = ("text_output", "output_ids", "zerocheck_bypass", "sampler", "prompt_tokens", "completion_tokens",
-           "finish_reason", "cum_log_probs", "output_log_probs", "sequence_index", "arrival_time_ns",
+           "finish_reason", "cum_log_probs", "output_log_probs", "output_top_ids", "output_top_log_probs",
+           "sequence_index", "arrival_time_ns",
            "first_token_time_ns", "last_token_time_ns")
 
 
@@ -45,9 +47,11 @@ class Prepared:
         return self.path == ZERO_CHECK
 
 
-def response_arrays(prepared: Prepared, text: str, ids: list[int], log_probs: list[float], index: int,
-                    completion_tokens: int, finish_reason: str, generation: Generation | None) -> dict[str, np.ndarray]:
-    """The output tensors of one response (batch dimension 1)."""
+def response_arrays(prepared: Prepared, piece: Chunk, index: int, completion_tokens: int, finish_reason: str,
+                    generation: Generation | None) -> dict[str, np.ndarray]:
+    """The output tensors of one response (batch dimension 1): `piece` is the text, ids and log-probabilities
+    it carries (a streamed chunk, or the whole generation)."""
+    text, ids, log_probs = piece.text, piece.ids, piece.log_probs
     arrays = {
         "text_output": np.array([[text.encode()]], dtype=object),
         "output_ids": np.array([ids], dtype=np.int32).reshape(1, -1),
@@ -58,10 +62,16 @@ def response_arrays(prepared: Prepared, text: str, ids: list[int], log_probs: li
         "finish_reason": np.array([[finish_reason.encode()]], dtype=object),
         "sequence_index": np.array([[index]], dtype=np.int32),
     }
-    if prepared.request.return_log_probs:
+    if prepared.request.return_log_probs or prepared.request.top_log_probs:
         arrays["output_log_probs"] = np.array([log_probs], dtype=np.float32).reshape(1, -1)
         arrays["cum_log_probs"] = np.array([[sum(generation.log_probs) if generation else sum(log_probs)]],
                                            dtype=np.float32)
+    if prepared.request.top_log_probs:  # [1, tokens, k]: ids and log-probabilities of the k most likely, best first
+        k = prepared.request.top_log_probs
+        rows = [list(top) + [(-1, -math.inf)] * (k - len(top)) for top in piece.top_log_probs]
+        arrays["output_top_ids"] = np.array([[[t for t, _ in row] for row in rows]], dtype=np.int32).reshape(1, -1, k)
+        arrays["output_top_log_probs"] = np.array([[[lp for _, lp in row] for row in rows]],
+                                                  dtype=np.float32).reshape(1, -1, k)
     if prepared.request.return_perf_metrics and generation is not None:
         for name, value in (("arrival_time_ns", generation.arrival_ns), ("first_token_time_ns", generation.first_token_ns),
                             ("last_token_time_ns", generation.last_token_ns)):
@@ -154,13 +164,13 @@ class GenerateService:
 
         def emit(seq: Sequence, chunk: Chunk | None) -> None:
             if chunk is not None:
-                send(response_arrays(prepared, chunk.text, chunk.ids, chunk.log_probs, seq.index, len(seq.ids), "", None))
+                send(response_arrays(prepared, chunk, seq.index, len(seq.ids), "", None))
                 return
             generation = seq.generation()
-            streamed = request.stream
-            send(response_arrays(prepared, "" if streamed else generation.text, [] if streamed else generation.ids,
-                                 [] if streamed else generation.log_probs, seq.index, generation.completion_tokens,
-                                 generation.finish_reason, generation))
+            whole = Chunk("", [], []) if request.stream else \
+                Chunk(generation.text, generation.ids, generation.log_probs, generation.top_log_probs)
+            send(response_arrays(prepared, whole, seq.index, generation.completion_tokens, generation.finish_reason,
+                                 generation))
 
         await self.scheduler.run(sequences, emit)
         failed = next((seq.error for seq in sequences if seq.error is not None), None)

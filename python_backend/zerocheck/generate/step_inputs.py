@@ -21,7 +21,8 @@ from zerocheck.serving.sampler_inputs import PAD, encode_word_lists
 # zero-check path calls `decoder` itself (its sampler is fused after the forward; the one-step ensemble
 # `zero_check_step` would only add a hop), the checked path the ensemble decoder -> check layer.
 STEP_MODELS = {ZERO_CHECK: "decoder", CHECKED: "checked_step"}
-STEP_OUTPUTS = {ZERO_CHECK: ["output_id", "error"], CHECKED: ["output_id", "decoder_error", "output_log_prob"]}
+STEP_OUTPUTS = {ZERO_CHECK: ["output_id", "error"],
+                CHECKED: ["output_id", "decoder_error", "output_log_prob", "top_ids", "top_log_probs"]}
 _NUMPY_OF = {float: np.float32, int: np.int32}
 
 
@@ -70,7 +71,11 @@ def step_results(path: str, outputs: dict[str, np.ndarray], rows: int) -> list[S
     tokens = outputs[token_name].reshape(-1).tolist()
     errors = outputs[error_name].reshape(-1).tolist()
     log_probs = outputs["output_log_prob"].reshape(-1).tolist() if "output_log_prob" in outputs else [None] * rows
-    return [row_error(error) or StepOutput(token, log_prob) for token, error, log_prob in zip(tokens, errors, log_probs)]
+    tops = [tuple(zip(ids, lps)) for ids, lps in zip(outputs["top_ids"].reshape(rows, -1).tolist(),
+                                                     outputs["top_log_probs"].reshape(rows, -1).tolist())] \
+        if "top_ids" in outputs else [()] * rows
+    return [row_error(error) or StepOutput(token, log_prob, top)
+            for token, error, log_prob, top in zip(tokens, errors, log_probs, tops)]
 
 
 def release_arrays(seq_ids: Sequence[str]) -> dict[str, np.ndarray]:

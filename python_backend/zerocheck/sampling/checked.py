@@ -124,6 +124,18 @@ def draw_sorted(sorted_probs: torch.Tensor, order: torch.Tensor, params: Sequenc
     return order.gather(1, chosen).squeeze(1), torch.log(final.gather(1, chosen).squeeze(1))
 
 
+def top_alternatives(sorted_probs: torch.Tensor, order: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each row of the sorted, filtered distribution [B, V]: ids [B, k] int32
+    and log-probabilities [B, k] float32, best first (-1 and -inf past the vocabulary)."""
+    probs = torch.nan_to_num(sorted_probs[:, :k].float(), nan=0.0)
+    ids = order[:, :k].to(torch.int32)
+    if probs.shape[1] < k:  # a vocabulary smaller than k
+        pad = k - probs.shape[1]
+        probs = torch.nn.functional.pad(probs, (0, pad))
+        ids = torch.nn.functional.pad(ids, (0, pad), value=-1)
+    return ids, torch.log(probs)
+
+
 class CheckedSampler:
     """The checked chain over a whole batch (see the module docstring)."""
 

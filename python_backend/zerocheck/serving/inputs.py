@@ -34,6 +34,7 @@ class InputSpec:
 
 
 _TRITON_OF = {float: "TYPE_FP32", int: "TYPE_INT32"}
+TOP_LOG_PROBS = 20  # the most alternatives per token the checked path returns (OpenAI's top_logprobs limit)
 SAMPLING_INPUTS = tuple(InputSpec(spec.name, _TRITON_OF[spec.kind], doc=spec.doc) for spec in SAMPLING_PARAMETERS)
 
 GENERATE_INPUTS: tuple[InputSpec, ...] = (
@@ -54,6 +55,8 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("end_id", "TYPE_INT32", doc="end-of-sequence token id (default: the tokenizer's EOS)"),
     InputSpec("pad_id", "TYPE_INT32", doc="padding token id (accepted; outputs are not padded)"),
     InputSpec("return_log_probs", "TYPE_BOOL", doc="return cum_log_probs and output_log_probs"),
+    InputSpec("return_top_log_probs", "TYPE_INT32",
+              doc=f"also the k most likely tokens per step, k in [0, {TOP_LOG_PROBS}] (output_top_ids, output_top_log_probs)"),
     InputSpec("exclude_input_in_output", "TYPE_BOOL", doc="non-streamed text_output without the prompt"),
     InputSpec("num_return_sequences", "TYPE_INT32", doc="independent samples per request"),
     InputSpec("return_perf_metrics", "TYPE_BOOL", doc="return arrival/first/last token timestamps"),
@@ -119,6 +122,7 @@ class GenerateRequest:
     bias_ids: tuple[tuple[int, float], ...] = ()
     end_id: int | None = None
     return_log_probs: bool = False
+    top_log_probs: int = 0
     exclude_input_in_output: bool = False
     num_return_sequences: int = 1
     return_perf_metrics: bool = False
@@ -258,6 +262,7 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
         bias_ids=_bias_ids(arrays),
         end_id=_bounded_int("end_id", values["end_id"], -1, 2**31 - 1) if "end_id" in values else None,
         return_log_probs=bool(values.get("return_log_probs", False)),
+        top_log_probs=_bounded_int("return_top_log_probs", values.get("return_top_log_probs", 0), 0, TOP_LOG_PROBS),
         exclude_input_in_output=bool(values.get("exclude_input_in_output", False)),
         num_return_sequences=_bounded_int("num_return_sequences", values.get("num_return_sequences", 1), 1,
                                           limits.max_return_sequences),
