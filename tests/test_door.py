@@ -163,6 +163,9 @@ def test_requests_arrive_unchanged_and_streams_are_not_buffered(door):
     assert reply.json() == {"echo": 14}
     method, path, size, headers = door.seen[-1]
     assert (method, path, size) == ("POST", "/v2/models/m/infer?x=1", 14) and headers["admin-key"] == "k"
+    requests.post(f"{door.url}/v2/models/m/generate", data=b"{}" * 1000, headers={"Expect": "100-continue"},
+                  timeout=10)
+    assert "Expect" not in door.seen[-1][3]  # the door read the body; Triton 2.51 crashes on Expect with big ones
     began = time.monotonic()
     with requests.post(f"{door.url}/v2/models/m/generate_stream", data=b"{}", stream=True, timeout=10) as stream:
         events = (json.loads(line.removeprefix(b"data: ")) for line in stream.iter_lines() if line)

@@ -13,8 +13,10 @@ import openai
 import pytest
 import requests
 
+import conftest
 from generate_calls import slots_in_use
 from zerocheck.serve.server import free_ports
+from zerocheck.serve.stack import ServingStack
 
 MODEL = "smollm2-135m-instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -129,7 +131,7 @@ def test_logprobs_are_served_by_the_checked_path(client):
         alternatives = [t.logprob for t in token.top_logprobs]
         assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
         assert token.logprob <= alternatives[0] + 1e-6
-    text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+    text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, seed=3,
                                      logprobs=2).choices[0].logprobs
     assert len(text.tokens) == 3 and all(len(alternatives) == 2 for alternatives in text.top_logprobs)
     assert text.text_offset == [0, len(text.tokens[0]), len(text.tokens[0]) + len(text.tokens[1])]
@@ -238,3 +240,27 @@ def test_not_ready_is_503(tmp_path):
     finally:
         frontend.terminate()
         frontend.wait(10)
+
+
+def test_overload_is_429_with_retry_after_on_both_doors(tritonserver_binary, tmp_path):
+    """One sequence at a time and no queue: a second concurrent request is refused at once."""
+    repository = conftest.copied_repository(tmp_path, ensemble={"max_concurrent_sequences": "1", "max_queue_size": "0"})
+    stack = ServingStack(repository, tritonserver=tritonserver_binary,
+                         env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
+    stack.start()
+    try:
+        stack.wait_ready(conftest.READY_TIMEOUT_S)
+        client = openai.OpenAI(base_url=stack.openai_url, api_key="unused", max_retries=0)
+        busy = client.completions.create(model="tiny", prompt="def f():", max_tokens=200, stream=True,
+                                         extra_body={"ignore_eos": True})
+        next(iter(busy))  # the one slot is taken
+        with pytest.raises(openai.RateLimitError) as error:
+            client.completions.create(model="tiny", prompt="def g():", max_tokens=4)
+        assert error.value.response.headers["Retry-After"] == "1" and error.value.code == "RESOURCE_EXHAUSTED"
+        door = requests.post(f"http://{stack.http_url}/v2/models/ensemble/generate",
+                             json={"text_input": "def g():", "max_tokens": 4}, timeout=30)
+        assert door.status_code == 429 and door.headers["Retry-After"] == "1"
+        assert door.json()["error"].startswith("RESOURCE_EXHAUSTED: overloaded")
+        busy.close()
+    finally:
+        stack.stop()

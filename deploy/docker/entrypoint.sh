@@ -18,7 +18,7 @@
 #                          endpoint binds 127.0.0.1:$ZEROCHECK_TRITON_HTTP_PORT)
 #   ZEROCHECK_TRITON_HTTP_PORT  Triton's internal HTTP port        [8080]
 #   ZEROCHECK_OPENAI_PORT  the OpenAI API's port, or "none"        [9000]
-#   ZEROCHECK_MAX_BODY_BYTES  largest HTTP request body (413 above; below 5 MB) [2097152]
+#   ZEROCHECK_MAX_BODY_BYTES  largest HTTP request body (413 above; below 4 MiB) [2097152]
 #   ZEROCHECK_ADMIN_KEY / ZEROCHECK_ADMIN_KEY_FILE  key for the restricted APIs [random: locked]
 #   ZEROCHECK_ADMIN_KEY_HEADER   header carrying the key           [admin-key]
 #   ZEROCHECK_RESTRICTED_APIS    comma list, or "none"             [model-repository,shared-memory,trace,logging]

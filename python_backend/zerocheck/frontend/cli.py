@@ -31,8 +31,8 @@ def served_model_name(artifacts: Path | None) -> str:
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     """The request limits of the front end (shared with `zerocheck serve`)."""
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_LIMITS.max_body_bytes,
-                        help="largest HTTP request body, answered 413 above (default %(default)s; below 5 MB: "
-                             "Triton 2.51 crashes on bodies of about 5 MB)")
+                        help="largest HTTP request body, answered 413 above (default %(default)s; below 4 MiB: "
+                             "Triton 2.51's HTTP server crashed on a 4 MB body)")
     parser.add_argument("--body-timeout-s", type=float, default=DEFAULT_LIMITS.body_timeout_s,
                         help="seconds for a request body to arrive, answered 408 after (default %(default)s)")
     parser.add_argument("--header-timeout-s", type=float, default=DEFAULT_LIMITS.header_timeout_s,

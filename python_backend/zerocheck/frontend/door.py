@@ -1,8 +1,8 @@
 """The guarded door to Triton's HTTP API: the only public HTTP port; Triton's own binds an internal one.
 
-Triton 2.51's HTTP server crashes (SIGSEGV, every stream lost) on a request body of about 5 MB or
-more sent with Content-Length (upstream issue triton-inference-server/server#5840) and has no flag
-to cap it. The door reads each body itself under a limit (413 with a JSON error naming it), within a
+Triton 2.51's HTTP server crashes (SIGSEGV, every stream lost) on a large request body (4 MB sent by
+curl, with `Expect: 100-continue`, did it; upstream issue triton-inference-server/server#5840) and has
+no flag to cap it. The door reads each body itself under a limit (413 with a JSON error naming it), within a
 time limit (408), and only then forwards the request to Triton with the same method, path, query,
 headers and body; the answer comes back as Triton gave it, streamed (`generate_stream` SSE passes
 through chunk by chunk). Triton keeps enforcing its restricted-API keys. One change: an overload
@@ -22,8 +22,10 @@ from zerocheck.frontend.errors import RETRY_AFTER_S, FrontendError
 from zerocheck.frontend.limits import HttpLimits, read_body
 from zerocheck.frontend.metrics import FrontendMetrics
 
+# not forwarded: hop-by-hop headers, and `Expect: 100-continue` (the door has read the body already; with a
+# large body it is what crashes Triton 2.51's HTTP server)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-              "transfer-encoding", "upgrade", "host", "content-length"}
+              "transfer-encoding", "upgrade", "host", "content-length", "expect"}
 METHODS = ("GET", "POST", "HEAD")
 
 

@@ -16,8 +16,9 @@ from aiohttp import web
 
 from zerocheck.frontend.errors import FrontendError
 
-# the smallest body seen to crash Triton 2.51's HTTP server (triton-inference-server/server#5840)
-TRITON_CRASH_BYTES = 5 * 1024 * 1024
+# the smallest body seen to crash Triton 2.51's HTTP server (sent with `Expect: 100-continue`, as curl does;
+# triton-inference-server/server#5840): the door's limit stays below it
+TRITON_CRASH_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class HttpLimits:
 
     def __post_init__(self) -> None:
         if not 0 < self.max_body_bytes < TRITON_CRASH_BYTES:
-            raise ValueError(f"max_body_bytes must be in (0, {TRITON_CRASH_BYTES}): Triton 2.51 crashes on bodies of "
-                             f"about 5 MB (triton-inference-server/server#5840), got {self.max_body_bytes}")
+            raise ValueError(f"max_body_bytes must be in (0, {TRITON_CRASH_BYTES}): Triton 2.51 crashed on bodies of "
+                             f"4 MB (triton-inference-server/server#5840), got {self.max_body_bytes}")
         if self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
             raise ValueError("body_timeout_s and header_timeout_s must be positive")
 
