@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+import conftest
 from zerocheck.clients.async_client import AsyncClient
 from zerocheck.clients.client import Client
 from zerocheck.clients.errors import InvalidRequest
@@ -146,5 +147,11 @@ def test_cli_health(triton_server: TritonServer) -> None:
         done = zerocheck_cli("health", "--url", url, "--protocol", protocol)
         assert done.returncode == 0, done.stdout + done.stderr
         assert re.search(r"^generate\s+1\s+READY", done.stdout, re.M) and "NOT READY" not in done.stdout
+        assert "checked through the model ready API" in done.stdout  # the index is locked: no key given
+        keyed = zerocheck_cli("health", "--url", url, "--protocol", protocol, "--api-key", conftest.ADMIN_KEY)
+        assert keyed.returncode == 0 and "from the repository index" in keyed.stdout, keyed.stdout + keyed.stderr
+        assert re.search(r"^decoder\s+1\s+READY", keyed.stdout, re.M)
+        missing = zerocheck_cli("health", "--url", url, "--protocol", protocol, "--model", "nonexistent")
+        assert missing.returncode == 1 and re.search(r"^nonexistent\s+NOT READY", missing.stdout, re.M)
     down = zerocheck_cli("health", "--url", "127.0.0.1:1", "--protocol", "http", "--connect-timeout", "1")
     assert down.returncode == 1 and "NOT READY" in down.stdout
