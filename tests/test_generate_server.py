@@ -16,7 +16,7 @@ from zerocheck.tokenizer import load_tokenizer
 
 EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
                    "multinomial", "checked_sampler", "postprocessing", "zero_check_step", "checked_step",
-                   "generate", "ensemble"}
+                   "generate", "ensemble", "tensorrt_llm_bls", "tensorrt_llm"}
 PROMPT = "def fibonacci(n):"
 
 

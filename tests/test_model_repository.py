@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.inputs import GENERATE_INPUTS
+from zerocheck.serving.inputs import GENERATE_INPUTS, TOKEN_INPUTS
 from zerocheck.serving.sampler_inputs import SCALARS
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
@@ -27,7 +27,7 @@ def tensors(text: str, section: str) -> dict[str, tuple[str, str]]:
 
 def test_every_model_has_a_config_and_a_version():
     models = [p for p in REPOSITORY.iterdir() if p.is_dir()]
-    assert len(models) == 13
+    assert len(models) == 15
     for model in models:
         text = config(model.name)
         assert f'name: "{model.name}"' in text
@@ -36,17 +36,30 @@ def test_every_model_has_a_config_and_a_version():
             assert (model / "1" / "model.py").is_file()
 
 
-@pytest.mark.parametrize("model", ["generate", "ensemble"])
-def test_generate_inputs_follow_the_table(model):
+@pytest.mark.parametrize("model, table", [("generate", GENERATE_INPUTS), ("ensemble", GENERATE_INPUTS),
+                                          ("tensorrt_llm_bls", GENERATE_INPUTS), ("tensorrt_llm", TOKEN_INPUTS)])
+def test_generation_inputs_follow_the_table(model, table):
     declared = tensors(config(model), "input")
-    assert list(declared) == [spec.name for spec in GENERATE_INPUTS]
-    for spec in GENERATE_INPUTS:
+    assert list(declared) == [spec.name for spec in table]
+    for spec in table:
         assert declared[spec.name] == (spec.dtype, ",".join(str(d) for d in spec.dims)), spec.name
 
 
-def test_generate_and_ensemble_are_the_same_model():
+def test_generate_ensemble_and_bls_are_the_same_model():
     strip = lambda text: [line for line in text.splitlines() if not line.startswith("#") and "name:" not in line[:6]]  # noqa: E731
-    assert strip(config("generate")) == strip(config("ensemble"))
+    assert strip(config("generate")) == strip(config("ensemble")) == strip(config("tensorrt_llm_bls"))
+
+
+def test_tensorrtllm_backend_outputs_exist():
+    """Every output of tensorrtllm_backend's ensemble and tensorrt_llm models (May 2025) is declared."""
+    ensemble = {"text_output", "cum_log_probs", "output_log_probs", "context_logits", "generation_logits",
+                "batch_index", "sequence_index", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                "num_input_tokens", "num_output_tokens"}
+    tokens = ensemble - {"text_output"} | {"output_ids", "sequence_length"}
+    assert ensemble <= set(tensors(config("ensemble"), "output"))
+    assert tokens <= set(tensors(config("tensorrt_llm"), "output"))
 
 
 @pytest.mark.parametrize("model", SAMPLER_MODELS)

@@ -10,7 +10,8 @@ from zerocheck.generate.step_inputs import release_arrays, step_arrays, step_res
 from zerocheck.sampling import SamplingParams
 from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
 from zerocheck.serving.row_errors import row_error, row_error_text
-from zerocheck.serving.sampler_inputs import decode_word_list, encode_word_lists, parse_sampler_rows, unpadded
+from zerocheck.serving.inputs import decode_word_list
+from zerocheck.serving.sampler_inputs import encode_word_lists, parse_sampler_rows, unpadded
 
 V = 600
 
@@ -64,7 +65,7 @@ def test_word_lists_pad_each_row():
     rows = [((4, 5), (6,)), (), ((1, 2, 3),)]
     array = encode_word_lists(rows)
     assert array.shape == (3, 2, 3)
-    assert [decode_word_list(array[r]) for r in range(3)] == [tuple(map(tuple, r)) for r in rows]
+    assert [decode_word_list("bad_words", array[r]) for r in range(3)] == [tuple(map(tuple, r)) for r in rows]
 
 
 def test_a_bad_row_names_its_row():

@@ -1,27 +1,31 @@
-"""Decoupled BLS model `generate` (also served as `ensemble`): the generation loop, streaming.
+"""Decoupled BLS model `generate` (also served as `ensemble`, `tensorrt_llm_bls` and, with the token
+interface, `tensorrt_llm`): the generation loop, streaming.
 
 Every request runs as a task on the stub's asyncio event loop (Triton 2.51's Python backend crashes
 when pb_utils objects are used from several threads, so nothing here uses threads). A
 `StepScheduler` batches the decode steps of all active sequences: one BLS call per iteration and path
 carries every sequence of that path as a row (zero-check: `decoder`, whose sampler is fused after the
-forward; checked: `checked_step`, the decoder then the check layer's models).
+forward; checked: `checked_step`, the decoder then the check layer's models). A request may hold
+several rows (`[N, 1]` inputs): each is generated, its responses say their `batch_index`.
 """
 import asyncio
 
 import triton_python_backend_utils as pb_utils
 
+from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_message
+from zerocheck.generate.responses import INTERFACES, TEXT, TOKENS
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
 from zerocheck.generate.step_inputs import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
 from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
-from zerocheck.serving.inputs import GENERATE_INPUTS, Limits
+from zerocheck.serving.inputs import GENERATE_INPUTS, TOKEN_INPUTS, Limits
 from zerocheck.serving.metrics import GenerateMetrics
-from zerocheck.api.errors import ErrorCode, code_of, error_from_message
 from zerocheck.serving.triton import ModelConfig, built_max_seq_len, error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
-INPUT_NAMES = [spec.name for spec in GENERATE_INPUTS]
+INPUT_NAMES = {TEXT: [spec.name for spec in GENERATE_INPUTS], TOKENS: [spec.name for spec in TOKEN_INPUTS]}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+PARAMETER_OUTPUTS = ("zerocheck_bypass", "sampler", "finish_reason", "prompt_tokens", "completion_tokens")
 
 
 async def bls(model: str, arrays: dict, outputs: list) -> dict:
@@ -53,54 +57,57 @@ def response_parameters_supported() -> bool:
     return True
 
 
-PARAMETER_OUTPUTS = ("zerocheck_bypass", "sampler", "finish_reason", "prompt_tokens", "completion_tokens")
-WITH_PARAMETERS = False  # decided once in initialize
+class Responses:
+    """The responses of one request, sent one behind so the last carries the final flag (a non-streamed
+    request then gets exactly one response, as the HTTP generate endpoint requires); with
+    `with_parameters` the path fields go as response parameters too."""
 
-
-def send(sender, arrays=None, error: Exception | None = None, final=False) -> None:
-    flags = FINAL if final else 0
-    if error is not None:
-        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error_for(pb_utils, error)), flags=flags)
-    elif arrays is not None and WITH_PARAMETERS:  # the same fields as response parameters too
-        parameters = {name: arrays[name].reshape(-1)[0].item() for name in PARAMETER_OUTPUTS}
-        parameters = {k: v.decode() if isinstance(v, bytes) else v for k, v in parameters.items()}
-        sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays), parameters=parameters), flags=flags)
-    elif arrays is not None:
-        sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays)), flags=flags)
-    else:
-        sender.send(flags=flags)
-
-
-class LastHeld:
-    """Sends responses one behind, so the last one carries the final flag (non-streamed requests
-    then get exactly one response, as the HTTP generate endpoint requires)."""
-
-    def __init__(self, sender) -> None:
-        self.sender, self.pending = sender, None
+    def __init__(self, sender, with_parameters: bool) -> None:
+        self.sender, self.with_parameters, self.pending = sender, with_parameters, None
 
     def send(self, arrays) -> None:
         if self.pending is not None:
-            send(self.sender, self.pending)
+            self._send(self.pending)
         self.pending = arrays
 
     def close(self, error=None) -> None:
-        send(self.sender, None if error is not None else self.pending, error, final=True)
+        """The final response: the held one, or the error (never a traceback), or an empty one."""
+        if error is not None:
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error_for(pb_utils, error)),
+                             flags=FINAL)
+        elif self.pending is not None:
+            self._send(self.pending, FINAL)
+        else:
+            self.sender.send(flags=FINAL)
+
+    def _send(self, arrays, flags=0) -> None:
+        if self.with_parameters:
+            parameters = {name: arrays[name].reshape(-1)[0].item() for name in PARAMETER_OUTPUTS}
+            parameters = {k: v.decode() if isinstance(v, bytes) else v for k, v in parameters.items()}
+            response = pb_utils.InferenceResponse(tensors(pb_utils, arrays), parameters=parameters)
+        else:
+            response = pb_utils.InferenceResponse(tensors(pb_utils, arrays))
+        self.sender.send(response, flags=flags)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        global WITH_PARAMETERS
-        WITH_PARAMETERS = response_parameters_supported()
+        self.with_parameters = response_parameters_supported()
         config = ModelConfig(args)
+        self.interface = config.get("interface", TEXT)
+        if self.interface not in INTERFACES:
+            raise ValueError(f"parameter interface must be one of {INTERFACES}, got {self.interface!r}")
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(config.get_int("max_context", 1024), built_max_seq_len(config.artifacts_dir()))
         limits = Limits(max_prompt_tokens=min(config.get_int("max_prompt_tokens", 768), context - 1),
                         max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
         scheduler = StepScheduler(bls_step, bls_release, max_batch=config.get_int("max_step_batch", 64))
         self.service = GenerateService(tokenizer, scheduler, limits, config.get_int("max_concurrent_sequences", 16),
-                                       config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0))
+                                       config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0),
+                                       interface=self.interface)
         self.metrics = GenerateMetrics(pb_utils)
         self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
+        self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (the token interface)
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
         self.watchdog = StubWatchdog(stop_server).start() if config.get("exit_on_dead_instance", "true") == "true" else None
 
@@ -112,34 +119,57 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prepared = self.service.prepare(request_arrays(pb_utils, request, INPUT_NAMES),
-                                                request_parameters(request))
-                self.service.reserve(prepared.request.num_return_sequences)
+                arrays = request_arrays(pb_utils, request, INPUT_NAMES[self.interface])
+                if self.interface == TOKENS and bool(arrays.get("stop", [[False]])[0][0]):
+                    self.stop(request, sender)
+                    continue
+                rows = self.service.prepare_batch(arrays, request_parameters(request))
+                self.service.reserve(sum(row.request.num_return_sequences for row in rows))
             except Exception as error:
                 self.metrics.error(code_of(error))
-                send(sender, error=error, final=True)
+                Responses(sender, False).close(error)
                 continue
-            served.append(self.serve(request, sender, prepared))
+            served.append(self.serve(request, sender, rows))
         await asyncio.gather(*served)
 
-    async def serve(self, request, sender, prepared) -> None:
+    def stop(self, request, sender) -> None:
+        """A stop request (tensorrtllm_backend's `stop` input): the in-flight request with the same request
+        id ends as if cancelled; the stop request gets one empty final response."""
+        request_id = request.request_id()
+        if not request_id:
+            raise InvalidRequest("stop: give the request id of the request to stop")
+        if request_id not in self.stopped:
+            raise InvalidRequest(f"stop: no request with id {request_id!r} is in flight")
+        self.stopped[request_id] = True
+        sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)  # no outputs: "cancellation response"
+
+    async def serve(self, request, sender, rows) -> None:
         """Run the request to its final response; every request ends with the final flag, never a traceback."""
-        held, metrics = LastHeld(sender), self.metrics
+        responses, metrics = Responses(sender, self.with_parameters), self.metrics
+        request_id = request.request_id()
+        if request_id:  # a stop request can name it
+            self.stopped.setdefault(request_id, False)
+        sequences = sum(row.request.num_return_sequences for row in rows)
         try:
-            if self.test_delay_s and prepared.request.retry_reason is None:
+            if self.test_delay_s and rows[0].request.retry_reason is None:
                 await asyncio.sleep(self.test_delay_s)  # test-only: a slow first attempt, so a hedge or retry wins
-            async with self.service.admission(prepared.request.num_return_sequences):
+            async with self.service.admission(sequences):
                 metrics.active.set(self.service.active)
-                metrics.request(prepared.path, prepared.bypass, prepared.degraded)
-                metrics.retry(prepared.request.retry_reason)
-                generations = await self.service.serve(prepared, held.send, request.is_cancelled)
-            for generation in generations:
-                metrics.finished(prepared.path, generation)
-            held.close()
+                for row in rows:
+                    metrics.request(row.path, row.bypass, row.degraded)
+                    metrics.retry(row.request.retry_reason)
+                generations = await self.service.serve(
+                    rows, responses.send, lambda: request.is_cancelled() or self.stopped.get(request_id, False))
+            for row, generation in zip((row for row in rows for _ in range(row.request.num_return_sequences)),
+                                       generations):
+                metrics.finished(row.path, generation)
+            responses.close()
         except Exception as error:
             metrics.error(code_of(error))
-            held.close(error)
+            responses.close(error)
         finally:
+            if request_id:
+                self.stopped.pop(request_id, None)
             metrics.active.set(self.service.active)
 
     def finalize(self):

@@ -127,7 +127,8 @@ class Sequence:
         self._min_tokens_sampling = replace(
             self.sampling, bad_words=self.sampling.bad_words + tuple((end,) for end in self.end_ids)) \
             if self.end_ids and request.min_tokens else self.sampling
-        self.stop_ids = [ids for ids in tokenizer.token_ids_of(list(request.stop_words)) if ids]
+        self.stop_ids = [ids for ids in tokenizer.token_ids_of(list(request.stop_words)) if ids] + \
+            [list(ids) for ids in request.stop_ids if ids]
         self.max_tokens = min(request.max_tokens, max_context - len(prompt_ids))
         self.needs_history = self.sampling.has_penalties or bool(self.sampling.bad_words)
         self.ids: list[int] = []
@@ -137,7 +138,7 @@ class Sequence:
         self.error: Exception | None = None
         self.started = False  # a step was sent: the decoder may hold a KV slot for it
         self.released = False  # a step with end=True came back: the decoder freed the slot itself
-        self.arrival_ns, self.first_token_ns, self.last_token_ns = time.time_ns(), 0, 0
+        self.arrival_ns, self.first_scheduled_ns, self.first_token_ns, self.last_token_ns = time.time_ns(), 0, 0, 0
         self._detok = IncrementalDetokenizer(tokenizer)
         self._unsent = 0  # ids accepted but not yet in a chunk
         self._unsent_log_probs: list[float] = []
@@ -158,6 +159,7 @@ class Sequence:
     def next_call(self) -> StepCall:
         step = len(self.ids)
         self.started = True
+        self.first_scheduled_ns = self.first_scheduled_ns or time.time_ns()
         self._sent_end = step == self.max_tokens - 1
         return StepCall(seq_id=self.seq_id, tokens=self.prompt_ids if step == 0 else self.ids[-1:], start=step == 0,
                         end=self._sent_end,

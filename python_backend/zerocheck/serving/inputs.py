@@ -45,6 +45,7 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("max_tokens", "TYPE_INT32",
               doc="tokens to generate (default: as many as fit in the context, up to the server's limit)"),
     InputSpec("min_tokens", "TYPE_INT32", doc="end_id is banned until this many tokens were generated"),
+    InputSpec("min_length", "TYPE_INT32", doc="older name of min_tokens (tensorrtllm_backend before 2025)"),
     InputSpec("stream", "TYPE_BOOL", doc="stream one response per token (decoupled)"),
     InputSpec("stream_interval", "TYPE_INT32", doc="tokens per streamed response"),
     *SAMPLING_INPUTS,
@@ -80,9 +81,57 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("guided_decoding_guide", "TYPE_STRING", role="unsupported", doc="guided decoding: not served"),
     InputSpec("num_draft_tokens", "TYPE_INT32", doc="speculative decoding: only 0"),
     InputSpec("use_draft_logits", "TYPE_BOOL", doc="speculative decoding: only false"),
+    InputSpec("return_num_input_tokens", "TYPE_BOOL", doc="return num_input_tokens (the prompt's tokens)"),
+    InputSpec("return_num_output_tokens", "TYPE_BOOL", doc="return num_output_tokens (this response's tokens)"),
 )
 INPUTS_BY_NAME = {spec.name: spec for spec in GENERATE_INPUTS}
+
+# The token-level model `tensorrt_llm` (tensorrtllm_backend's names): token ids in and out, the same loop.
+TOKEN_INPUTS: tuple[InputSpec, ...] = (
+    InputSpec("input_ids", "TYPE_INT32", (-1,), role="ids", doc="prompt token ids"),
+    InputSpec("input_lengths", "TYPE_INT32", role="length", doc="number of prompt ids (checked against input_ids)"),
+    InputSpec("request_output_len", "TYPE_INT32", doc="tokens to generate (max_tokens)"),
+    InputSpec("streaming", "TYPE_BOOL", doc="one response per token (stream)"),
+    InputSpec("end_id", "TYPE_INT32", doc="end-of-sequence token id (default: the model's end ids)"),
+    InputSpec("pad_id", "TYPE_INT32", doc="padding token id (accepted; outputs are not padded)"),
+    InputSpec("beam_width", "TYPE_INT32", doc="only 1 (sampling) is served"),
+    InputSpec("temperature", "TYPE_FP32", doc="softmax temperature; 0 = greedy"),
+    InputSpec("runtime_top_k", "TYPE_INT32", doc="top_k; 0 = off"),
+    InputSpec("runtime_top_p", "TYPE_FP32", doc="top_p; 0 = off (TensorRT-LLM's convention)"),
+    InputSpec("len_penalty", "TYPE_FP32", role="ignored", doc="beam search only; no effect at beam_width 1"),
+    InputSpec("early_stopping", "TYPE_BOOL", role="ignored", doc="beam search only"),
+    InputSpec("repetition_penalty", "TYPE_FP32", doc="CTRL repetition penalty"),
+    InputSpec("presence_penalty", "TYPE_FP32", doc="OpenAI presence penalty"),
+    InputSpec("frequency_penalty", "TYPE_FP32", doc="OpenAI frequency penalty"),
+    InputSpec("min_tokens", "TYPE_INT32", doc="end_id is banned until this many tokens were generated"),
+    InputSpec("min_length", "TYPE_INT32", doc="older name of min_tokens"),
+    InputSpec("seed", "TYPE_UINT64", doc="same seed, same tokens"),
+    InputSpec("random_seed", "TYPE_UINT64", doc="older name of seed"),
+    InputSpec("num_return_sequences", "TYPE_INT32", doc="independent samples per request"),
+    InputSpec("return_log_probs", "TYPE_BOOL", doc="return cum_log_probs and output_log_probs"),
+    InputSpec("return_context_logits", "TYPE_BOOL", doc="not served"),
+    InputSpec("return_generation_logits", "TYPE_BOOL", doc="not served"),
+    InputSpec("return_perf_metrics", "TYPE_BOOL", doc="return the perf metric outputs"),
+    InputSpec("exclude_input_in_output", "TYPE_BOOL", doc="non-streamed output_ids without the prompt"),
+    InputSpec("stop", "TYPE_BOOL", role="stop", doc="true: stop the in-flight request with this request id"),
+    InputSpec("stop_words_list", "TYPE_INT32", (2, -1), role="id_words", doc="token-id sequences that end generation"),
+    InputSpec("bad_words_list", "TYPE_INT32", (2, -1), role="id_words", doc="token-id sequences never generated"),
+    InputSpec("embedding_bias", "TYPE_FP32", (-1,), role="list", doc="a bias per vocabulary entry (dense)"),
+    InputSpec("return_num_input_tokens", "TYPE_BOOL", doc="return num_input_tokens"),
+    InputSpec("return_num_output_tokens", "TYPE_BOOL", doc="return num_output_tokens"),
+    InputSpec("prompt_embedding_table", "TYPE_FP16", (-1, -1), role="unsupported", doc="p-tuning: not served"),
+    InputSpec("prompt_vocab_size", "TYPE_INT32", role="unsupported", doc="p-tuning: not served"),
+    InputSpec("lora_task_id", "TYPE_UINT64", role="unsupported", doc="LoRA: not served"),
+    InputSpec("lora_weights", "TYPE_FP16", (-1, -1), role="unsupported", doc="LoRA: not served"),
+    InputSpec("lora_config", "TYPE_INT32", (-1, 3), role="unsupported", doc="LoRA: not served"),
+    InputSpec("draft_input_ids", "TYPE_INT32", (-1,), role="unsupported", doc="speculative decoding: not served"),
+)
+TOKEN_INPUTS_BY_NAME = {spec.name: spec for spec in TOKEN_INPUTS}
+# token-model names -> the generate model's
+TOKEN_ALIASES = {"request_output_len": "max_tokens", "streaming": "stream", "runtime_top_k": "top_k",
+                 "runtime_top_p": "top_p"}
 REQUEST_PARAMETERS = ("zerocheck", "retry_reason", "request_id")
+TOKEN_PARAMETERS = ("Streaming",)  # tensorrtllm_backend's clients send it with unary calls: accepted, not used
 # why a request repeats another: a hedge sent because the first was slow, or a retry after a failure
 SLOW_RESPONSE, RETRY_UNAVAILABLE = "slow_response", "unavailable"
 RETRY_REASONS = (SLOW_RESPONSE, RETRY_UNAVAILABLE)
@@ -101,6 +150,7 @@ class Limits:
     max_prompt_bytes: int = 64 * 1024
     max_return_sequences: int = 4
     max_messages: int = 256
+    max_batch_rows: int = 8  # rows of one request ([N, 1] inputs)
 
 
 @dataclass(frozen=True)
@@ -110,6 +160,7 @@ class GenerateRequest:
 
     prompt: str = ""
     messages: tuple[Message, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None  # the token-level model's prompt
     max_tokens: int | None = None  # None: as many as fit (GenerateService.prepare resolves it)
     min_tokens: int = 0
     stream: bool = False
@@ -120,12 +171,16 @@ class GenerateRequest:
     stop_words: tuple[str, ...] = ()
     bias_words: tuple[tuple[str, float], ...] = ()
     bias_ids: tuple[tuple[int, float], ...] = ()
+    stop_ids: tuple[tuple[int, ...], ...] = ()  # stop words as token ids (the token-level model)
+    dense_bias: tuple[float, ...] = ()  # the token-level model's embedding_bias: one value per vocabulary entry
     end_id: int | None = None
     return_log_probs: bool = False
     top_log_probs: int = 0
     exclude_input_in_output: bool = False
     num_return_sequences: int = 1
     return_perf_metrics: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
     zerocheck: bool = True
     retry_reason: str | None = None
 
@@ -139,7 +194,7 @@ class GenerateRequest:
     @property
     def prompt_input(self) -> str:
         """The input the prompt came from, for error messages."""
-        return "messages" if self.is_chat else "text_input"
+        return "messages" if self.is_chat else "input_ids" if self.prompt_ids is not None else "text_input"
 
 
 def _scalar(name: str, value: np.ndarray) -> Any:
@@ -209,16 +264,31 @@ def parse_switch(value: Any) -> bool:
     return _SWITCH[key]
 
 
-def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],
-                           limits: Limits = Limits()) -> GenerateRequest:
-    """Validate one request. arrays: input name -> numpy array (batch dim included, batch size 1);
-    parameters: request parameters (gRPC headers matching `zerocheck.*` arrive here too)."""
-    unknown = sorted(set(parameters) - set(REQUEST_PARAMETERS))
+def split_batch(arrays: Mapping[str, np.ndarray], limits: Limits) -> list[dict[str, np.ndarray]]:
+    """One request of N rows ([N, ...] inputs, as tensorrtllm_backend's clients send with --batch-inputs)
+    -> N requests of one row each; every input must have the same batch size."""
+    sizes = {name: value.shape[0] for name, value in arrays.items() if value.ndim}
+    batch = max(sizes.values(), default=1)
+    if batch == 1:
+        return [dict(arrays)]
+    odd = sorted(name for name, size in sizes.items() if size != batch)
+    if odd:
+        raise InvalidRequest(f"every input needs the batch size {batch}: {', '.join(odd)} has "
+                             f"{sizes[odd[0]]}")
+    if batch > limits.max_batch_rows:
+        raise InvalidRequest(f"a request may hold at most {limits.max_batch_rows} rows, got {batch}")
+    return [{name: value[row:row + 1] for name, value in arrays.items()} for row in range(batch)]
+
+
+def _check_inputs(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any], table: Mapping[str, InputSpec],
+                  known_parameters: tuple[str, ...]) -> dict[str, Any]:
+    """Names, dtypes, batch size 1 and support of the inputs; returns the scalar inputs' values."""
+    unknown = sorted(set(parameters) - set(known_parameters))
     if unknown:
         raise InvalidRequest(f"unknown request parameter(s): {', '.join(unknown)}; "
-                             f"known: {', '.join(REQUEST_PARAMETERS)}")
+                             f"known: {', '.join(known_parameters)}")
     for name, value in arrays.items():
-        spec = INPUTS_BY_NAME.get(name)
+        spec = table.get(name)
         if spec is None:
             raise InvalidRequest(f"unknown input {name!r}")
         _expect(name, value, spec.dtype)
@@ -226,18 +296,17 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
             raise InvalidRequest(f"{name}: batch size must be 1, got shape {list(value.shape)}")
         if spec.role == "unsupported":
             raise InvalidRequest(f"{name} is not supported by this server ({spec.doc})")
-    if ("text_input" in arrays) == ("messages" in arrays):
-        raise InvalidRequest("give exactly one of text_input (a prompt) and messages (a chat)"
-                             if "text_input" in arrays else "text_input or messages is required")
-    values = {name: _scalar(name, arrays[name]) for name, spec in INPUTS_BY_NAME.items()
-              if name in arrays and spec.role == "scalar"}
+    values = {name: _scalar(name, arrays[name]) for name, spec in table.items()
+              if name in arrays and spec.role in ("scalar", "stop", "length")}
     for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidRequest(f"{name} must be finite, got {value}")
-    messages = parse_messages(arrays["messages"], limits) if "messages" in arrays else None
-    prompt = "" if messages is not None else _text("text_input", arrays["text_input"], limits.max_prompt_bytes)
-    if messages is None and not prompt:
-        raise InvalidRequest("text_input must not be empty")
+    return values
+
+
+def _request(values: Mapping[str, Any], parameters: Mapping[str, Any], limits: Limits, **fields: Any) -> GenerateRequest:
+    """The GenerateRequest of validated scalar `values` (the generate model's names) and the prompt and
+    word `fields` each interface parses itself."""
     _refuse(values)
     seed = values.get("seed", values.get("random_seed"))
     try:
@@ -245,21 +314,18 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
                                      if spec.name in values}, seed=seed if seed is not None else _fresh_seed())
     except SamplingParamError as error:
         raise InvalidRequest(str(error)) from None
-    bias_words = _bias_words(arrays, limits)
+    if fields.get("bad_ids"):
+        sampling = replace(sampling, bad_words=fields.pop("bad_ids"))
+    fields.pop("bad_ids", None)
+    min_tokens = values.get("min_tokens", values.get("min_length", 0))
     return GenerateRequest(
-        prompt=prompt,
-        messages=messages,
         max_tokens=_bounded_int("max_tokens", values["max_tokens"], 1, limits.max_output_tokens)
         if "max_tokens" in values else None,
-        min_tokens=_bounded_int("min_tokens", values.get("min_tokens", 0), 0, limits.max_output_tokens),
+        min_tokens=_bounded_int("min_tokens", min_tokens, 0, limits.max_output_tokens),
         stream=bool(values.get("stream", False)),
         stream_interval=_bounded_int("stream_interval", values.get("stream_interval", 1), 1, limits.max_output_tokens),
         sampling=sampling,
         seeded=seed is not None,
-        bad_words=_words("bad_words", arrays["bad_words"], limits) if "bad_words" in arrays else (),
-        stop_words=_words("stop_words", arrays["stop_words"], limits) if "stop_words" in arrays else (),
-        bias_words=bias_words,
-        bias_ids=_bias_ids(arrays),
         end_id=_bounded_int("end_id", values["end_id"], -1, 2**31 - 1) if "end_id" in values else None,
         return_log_probs=bool(values.get("return_log_probs", False)),
         top_log_probs=_bounded_int("return_top_log_probs", values.get("return_top_log_probs", 0), 0, TOP_LOG_PROBS),
@@ -267,9 +333,66 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
         num_return_sequences=_bounded_int("num_return_sequences", values.get("num_return_sequences", 1), 1,
                                           limits.max_return_sequences),
         return_perf_metrics=bool(values.get("return_perf_metrics", False)),
+        return_num_input_tokens=bool(values.get("return_num_input_tokens", False)),
+        return_num_output_tokens=bool(values.get("return_num_output_tokens", False)),
         zerocheck=parse_switch(parameters.get("zerocheck", "on")),
         retry_reason=str(parameters["retry_reason"]) if "retry_reason" in parameters else None,
+        **fields,
     )
+
+
+def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],
+                           limits: Limits = Limits()) -> GenerateRequest:
+    """Validate one request of the text-level models (generate, ensemble, tensorrt_llm_bls). arrays: input
+    name -> numpy array (batch dim included, batch size 1); parameters: request parameters (gRPC headers
+    matching `zerocheck.*` arrive here too)."""
+    values = _check_inputs(arrays, parameters, INPUTS_BY_NAME, REQUEST_PARAMETERS)
+    if ("text_input" in arrays) == ("messages" in arrays):
+        raise InvalidRequest("give exactly one of text_input (a prompt) and messages (a chat)"
+                             if "text_input" in arrays else "text_input or messages is required")
+    messages = parse_messages(arrays["messages"], limits) if "messages" in arrays else None
+    prompt = "" if messages is not None else _text("text_input", arrays["text_input"], limits.max_prompt_bytes)
+    if messages is None and not prompt:
+        raise InvalidRequest("text_input must not be empty")
+    return _request(values, parameters, limits, prompt=prompt, messages=messages,
+                    bad_words=_words("bad_words", arrays["bad_words"], limits) if "bad_words" in arrays else (),
+                    stop_words=_words("stop_words", arrays["stop_words"], limits) if "stop_words" in arrays else (),
+                    bias_words=_bias_words(arrays, limits), bias_ids=_bias_ids(arrays))
+
+
+def parse_token_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],
+                        limits: Limits = Limits()) -> GenerateRequest:
+    """Validate one request of the token-level model `tensorrt_llm` (TOKEN_INPUTS): the same request, its
+    prompt as token ids, word lists as token-id lists, TensorRT-LLM's names and conventions."""
+    values = _check_inputs(arrays, parameters, TOKEN_INPUTS_BY_NAME, REQUEST_PARAMETERS + TOKEN_PARAMETERS)
+    if "input_ids" not in arrays:
+        raise InvalidRequest("input_ids is required")
+    ids = tuple(int(i) for i in arrays["input_ids"].reshape(-1))
+    length = values.pop("input_lengths", len(ids))
+    if not 1 <= length <= len(ids):
+        raise InvalidRequest(f"input_lengths must be in [1, {len(ids)}] (the ids of input_ids), got {length}")
+    values = {TOKEN_ALIASES.get(name, name): value for name, value in values.items()}
+    if values.get("top_p") == 0:
+        del values["top_p"]  # TensorRT-LLM: top_p 0 means off
+    words = {name: decode_word_list(name, arrays[name].reshape(2, -1)) if name in arrays else ()
+             for name in ("stop_words_list", "bad_words_list")}
+    dense = arrays.get("embedding_bias", np.zeros((1, 0), np.float32)).reshape(-1)
+    if dense.size and not np.isfinite(dense).all():
+        raise InvalidRequest("embedding_bias must be finite")
+    return _request(values, parameters, limits, prompt_ids=ids[:length], stop_ids=words["stop_words_list"],
+                    bad_ids=words["bad_words_list"], dense_bias=tuple(dense.tolist()))
+
+
+def decode_word_list(name: str, array: np.ndarray) -> tuple[tuple[int, ...], ...]:
+    """INT32 [2, N] word list of one row (concatenated ids; end offsets padded with -1) -> token-id sequences."""
+    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o >= 0]
+    words, begin = [], 0
+    for end in offsets:
+        if not begin < end <= len(ids):
+            raise InvalidRequest(f"{name} offsets must increase within [1, {len(ids)}], got {offsets}")
+        words.append(tuple(ids[begin:end]))
+        begin = end
+    return tuple(words)
 
 
 def parse_messages(value: np.ndarray, limits: Limits) -> tuple[Message, ...]:

@@ -20,6 +20,7 @@ import torch
 
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
 from zerocheck.api.errors import InvalidRequest
+from zerocheck.serving.inputs import decode_word_list
 from zerocheck.serving.triton import error_response
 
 SCALARS = {spec.name: (spec.default, spec.kind) for spec in SAMPLING_PARAMETERS}
@@ -53,18 +54,6 @@ def encode_word_lists(rows: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
 def encode_word_list(words: Sequence[Sequence[int]]) -> np.ndarray:
     """Token-id sequences -> INT32 [1, 2, N] (one row of `encode_word_lists`)."""
     return encode_word_lists([words])
-
-
-def decode_word_list(array: np.ndarray) -> tuple[tuple[int, ...], ...]:
-    """INT32 [2, N] word list of one row -> token-id sequences (inverse of `encode_word_lists`)."""
-    ids, offsets = array[0].tolist(), [o for o in array[1].tolist() if o >= 0]
-    words, begin = [], 0
-    for end in offsets:
-        if not begin < end <= len(ids):
-            raise InvalidRequest(f"bad_words offsets must increase within [1, {len(ids)}], got {offsets}")
-        words.append(tuple(ids[begin:end]))
-        begin = end
-    return tuple(words)
 
 
 def check_token_ids(name: str, ids: np.ndarray, vocab_size: int | None) -> None:
@@ -148,7 +137,7 @@ def parse_sampler_rows(present: dict[str, Any], rows: int, vocab_size: int | Non
             if not 0 <= step <= MAX_STEP:
                 raise InvalidRequest(f"step must be an integer in [0, {MAX_STEP}], got {step}")
             params = sampling_params(tuple(values[name][r] for name in KNOBS), values["random_seed"][r],
-                                     decode_word_list(bad[r]) if bad is not None else (),
+                                     decode_word_list("bad_words", bad[r]) if bad is not None else (),
                                      tuple(zip(bias_ids[r].tolist(), bias_values[r, :len(bias_ids[r])].tolist())))
         except InvalidRequest as error:
             raise with_row(error, r, rows) from None
