@@ -134,13 +134,13 @@ class TritonPythonModel:
 
     def stop(self, request, sender) -> None:
         """A stop request (tensorrtllm_backend's `stop` input): the in-flight request with the same request
-        id ends as if cancelled; the stop request gets one empty final response."""
+        id ends as if cancelled (one that has ended already stays ended); the stop request gets one empty
+        final response."""
         request_id = request.request_id()
         if not request_id:
             raise InvalidRequest("stop: give the request id of the request to stop")
-        if request_id not in self.stopped:
-            raise InvalidRequest(f"stop: no request with id {request_id!r} is in flight")
-        self.stopped[request_id] = True
+        if request_id in self.stopped:
+            self.stopped[request_id] = True
         sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)  # no outputs: "cancellation response"
 
     async def serve(self, request, sender, rows) -> None:
