@@ -33,6 +33,15 @@ def summary(result: GenerateResult) -> str:
             f"hedged {str(result.hedged).lower()}")
 
 
+CHAT_HINT = ("hint: the model ended its completion before any token. It is chat-tuned (it has a chat template) "
+             "and answers a prompt sent as a user turn: add --chat")
+
+
+def ended_at_once(result: GenerateResult) -> bool:
+    """A completion that stopped at an end-of-sequence token before its first token."""
+    return result.completion_tokens == 0 and result.finish_reason == "eos"
+
+
 def run(args: argparse.Namespace) -> int:
     client = Client(url_of(args), args.protocol, args.model, connect_timeout=args.connect_timeout,
                     timeout=args.timeout, retries=args.retries, hedge_after_s=args.hedge_after_s,
@@ -48,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                 print(event.text, end="", flush=True)
             if event.final and not args.json:
                 print(("\n" if args.stream else event.final.text + "\n") + summary(event.final))
+            if event.final and not args.chat and ended_at_once(event.final) and client.has_chat_template():
+                print(CHAT_HINT, file=sys.stderr)
     except ZerocheckError as error:
         print(f"error: {error_label(error)}: {error.message}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from zerocheck.clients.attempts import Attempts
-from zerocheck.clients.errors import Cancelled
+from zerocheck.clients.errors import Cancelled, InvalidRequest
 from zerocheck.clients.grpc_transport import GrpcAttempt
 from zerocheck.clients.http_transport import HttpAttempt
 from zerocheck.clients.request import GenerateRequest
@@ -43,6 +43,15 @@ class Client(ClientSettings):
                     **kwargs: Any) -> Iterator[TokenEvent]:
         """TokenEvents of the assistant's reply to `messages`, as `stream`."""
         return self._run(GenerateRequest.build(None, messages=messages, **kwargs), self._timeout(timeout))
+
+    def has_chat_template(self) -> bool:
+        """Whether the served model renders chat messages: asks for one token of a reply (the server refuses
+        `messages` with INVALID_ARGUMENT when the model has no chat template)."""
+        try:
+            self.chat([{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0.0)
+        except InvalidRequest:
+            return False
+        return True
 
     def _run(self, request: GenerateRequest, timeout: float) -> Iterator[TokenEvent]:
         state = Attempts(self.policy, timeout)

@@ -48,7 +48,8 @@ def decode_result(result: grpcclient.InferResult) -> dict[str, Any]:
 def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] | None = None,
                   headers: dict[str, str] | None = None, model: str = "ensemble", timeout: float = 120.0,
                   cancel_after: int | None = None,
-                  on_response: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                  on_response: Callable[[dict[str, Any]], None] | None = None,
+                  request_id: str = "") -> list[dict[str, Any]]:
     """Stream one request; returns decoded responses (with `t` = seconds since sending) in arrival
     order. Raises the server's error. With cancel_after, cancels after that many responses;
     on_response sees each response as it arrives."""
@@ -57,7 +58,7 @@ def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] |
     client.start_stream(callback=lambda result, error: responses.put((result, error, time.perf_counter())),
                         headers=headers)
     start = time.perf_counter()
-    client.async_stream_infer(model, grpc_inputs(fields), parameters=parameters or {},
+    client.async_stream_infer(model, grpc_inputs(fields), parameters=parameters or {}, request_id=request_id,
                               enable_empty_final_response=True)
     out: list[dict[str, Any]] = []
     try:

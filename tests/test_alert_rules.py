@@ -94,3 +94,11 @@ def test_dashboard_has_the_panels() -> None:
 def test_promtool_accepts(check: list[str]) -> None:
     result = subprocess.run(["promtool", *check], cwd=DEPLOY / "prometheus", capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_alerts_fire_on_their_series_and_stay_quiet_on_a_healthy_server() -> None:
+    """alerts_test.yml: promtool feeds each alert the series that should raise it, and a healthy server's."""
+    result = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=DEPLOY / "prometheus",
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -119,10 +119,17 @@ def test_stop_word_stops_after_it(tokenizer):
 def test_cancellation_ends_within_one_step(tokenizer):
     steps = ScriptedSteps({0: [5] * 50})
     (seq,) = sequences(tokenizer, steps, cancelled=lambda: len(steps.batches) >= 3, max_tokens=50)
-    ended = []
-    asyncio.run(StepScheduler(steps.step, steps.release).run([seq], lambda s, c: ended.append(c)))
+    ended, freed = [], []
+
+    async def scenario():
+        scheduler = StepScheduler(steps.step, steps.release, on_cancel_freed=freed.append)
+        await scheduler.run([seq], lambda s, c: ended.append(c))
+        await asyncio.gather(*scheduler._background)  # the release runs in the background
+
+    asyncio.run(scenario())
     assert seq.generation().finish_reason == "cancelled" and len(steps.batches) == 3
     assert steps.released == [seq.seq_id] and ended[-1] is None  # a cancelled sequence ends well
+    assert len(freed) == 1 and 0 <= freed[0] < 1  # seen at a step's start, its slot freed right after
 
 
 def test_history_is_sent_only_when_needed(tokenizer):
@@ -318,3 +325,60 @@ def test_chat_needs_a_chat_template(tokenizer):
     without.chat_template = None
     with pytest.raises(InvalidRequest, match="messages: the served model has no chat template; send text_input"):
         GenerateService(without, None, Limits(), max_active=1, max_queue=1).prepare(messages, {})
+
+
+class OneSlotDecoder:
+    """A stand-in decoder with one KV slot: a prefill finding it taken is refused as overloaded, as the real
+    decoder refuses a start row when its pool is full; the slot frees on a step with end or a release."""
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+        self.starts: dict[str, int] = {}
+
+    async def step(self, path: str, calls: list[StepCall]) -> list:
+        await asyncio.sleep(0)
+        out = []
+        for call in calls:
+            if call.start:
+                self.starts[call.seq_id] = self.starts.get(call.seq_id, 0) + 1
+                if self.holder is not None:
+                    out.append(Overloaded("KV cache pool full: 1/1 slots in use; retry later"))
+                    continue
+                self.holder = call.seq_id
+            out.append(StepOutput(5))
+            if call.end:
+                self.holder = None
+        return out
+
+    async def release(self, seq_ids: list[str]) -> None:
+        await asyncio.sleep(0.01)  # frees in the background, after the sequence ended
+        if self.holder in seq_ids:
+            self.holder = None
+
+
+def test_a_prefill_without_a_free_slot_waits_instead_of_failing(tokenizer):
+    decoder = OneSlotDecoder()
+    first, second = sequences(tokenizer, ScriptedSteps({}), count=2, max_tokens=3)
+    asyncio.run(StepScheduler(decoder.step, decoder.release).run([first, second], lambda s, c: None))
+    assert first.error is None and second.error is None and first.ids == second.ids == [5, 5, 5]
+    assert decoder.starts[first.seq_id] == 1 and decoder.starts[second.seq_id] > 1  # its prefill went again
+
+
+def test_a_prefill_gives_up_after_max_wait(tokenizer):
+    decoder = OneSlotDecoder()
+    decoder.holder = "someone else"  # never freed
+    (seq,) = sequences(tokenizer, ScriptedSteps({}), count=1, max_tokens=3)
+    seq.max_wait_s = 0.05
+    asyncio.run(StepScheduler(decoder.step, decoder.release).run([seq], lambda s, c: None))
+    assert isinstance(seq.error, Overloaded) and "no KV cache slot freed within 0.05 s" in str(seq.error)
+
+
+def test_a_request_of_several_rows_is_split_and_checked(tokenizer):
+    service = GenerateService(tokenizer, None, Limits(), max_active=4, max_queue=4)
+    rows = service.prepare_batch({"text_input": np.array([[b"hi"], [b"there"]], dtype=object),
+                                  "max_tokens": np.array([[3], [5]], dtype=np.int32)}, {})
+    assert [(row.batch_index, row.request.prompt, row.request.max_tokens) for row in rows] == [(0, "hi", 3),
+                                                                                              (1, "there", 5)]
+    with pytest.raises(InvalidRequest, match="every input needs the batch size 2: max_tokens has 1"):
+        service.prepare_batch({"text_input": np.array([[b"hi"], [b"there"]], dtype=object),
+                               "max_tokens": np.array([[3]], dtype=np.int32)}, {})

@@ -195,6 +195,26 @@ def test_client_chat_and_generate_chat(served):
     assert done.returncode == 0 and "Paris" in done.stdout and "(eos)" in done.stdout, done.stdout + done.stderr
 
 
+def test_generate_hints_at_chat_when_a_plain_completion_ends_at_once(served):
+    """A chat-tuned model answers a bare instruction with end-of-turn at once: the command says why and
+    suggests --chat; with --chat, or when tokens came, no hint."""
+    server = onnx_only(served)
+
+    def generate(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "zerocheck.cli", "generate", "--url", server.grpc_url,
+                               "Tell me a joke.", "--temperature", "0", *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    plain = generate()
+    assert plain.returncode == 0 and "0 tokens (eos)" in plain.stdout, plain.stdout + plain.stderr
+    assert "chat template" in plain.stderr and "add --chat" in plain.stderr, plain.stderr
+    chat = generate("--chat")
+    assert chat.returncode == 0 and "hint" not in chat.stderr and "0 tokens" not in chat.stdout, chat.stdout
+    from zerocheck.clients import Client
+
+    assert Client(server.grpc_url).has_chat_template()
+
+
 def test_chat_command_keeps_history_resets_and_stops_a_reply_on_ctrl_c(served):
     server = onnx_only(served)
     chat = subprocess.Popen([sys.executable, "-u", "-m", "zerocheck.cli", "chat", "--url", server.grpc_url,

@@ -12,7 +12,7 @@ import asyncio
 
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_message
+from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_message, log
 from zerocheck.generate.responses import INTERFACES, TEXT, TOKENS
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
@@ -101,11 +101,12 @@ class TritonPythonModel:
         context = min(config.get_int("max_context", 1024), built_max_seq_len(config.artifacts_dir()))
         limits = Limits(max_prompt_tokens=min(config.get_int("max_prompt_tokens", 768), context - 1),
                         max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
-        scheduler = StepScheduler(bls_step, bls_release, max_batch=config.get_int("max_step_batch", 64))
+        self.metrics = GenerateMetrics(pb_utils)
+        scheduler = StepScheduler(bls_step, bls_release, max_batch=config.get_int("max_step_batch", 64),
+                                  on_cancel_freed=self.metrics.cancel_freed.observe)
         self.service = GenerateService(tokenizer, scheduler, limits, config.get_int("max_concurrent_sequences", 16),
                                        config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0),
                                        interface=self.interface)
-        self.metrics = GenerateMetrics(pb_utils)
         self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (the token interface)
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
@@ -165,7 +166,10 @@ class TritonPythonModel:
                 metrics.finished(row.path, generation)
             responses.close()
         except Exception as error:
-            metrics.error(code_of(error))
+            code = code_of(error)
+            metrics.error(code)
+            if code in (ErrorCode.INTERNAL, ErrorCode.UNAVAILABLE):  # failed after admission: worth a log line
+                log.error("request %r failed: %s", request_id, error)
             responses.close(error)
         finally:
             if request_id:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from zerocheck.api.errors import Overloaded
 from zerocheck.generate.sequence import Chunk, Sequence, StepCall, StepOutput
 
 log = logging.getLogger("zerocheck")
+DEFER_BACKOFF_S = 0.005  # pause of a path whose every row waits for a KV slot
 # path, one call per row -> one outcome per row: the sampled token, or the exception that row failed with
 StepBatch = Callable[[str, list[StepCall]], Awaitable[list[StepOutput | Exception]]]
 Release = Callable[[list[str]], Awaitable[None]]  # frees the KV slots of these sequence ids
@@ -37,8 +40,12 @@ class _Entry:
 class StepScheduler:
     """One driver task per sampler path, alive while that path has sequences (see the module docstring)."""
 
-    def __init__(self, step: StepBatch, release: Release, max_batch: int = 64) -> None:
+    def __init__(self, step: StepBatch, release: Release, max_batch: int = 64,
+                 on_cancel_freed: Callable[[float], None] = lambda seconds: None) -> None:
+        """on_cancel_freed: called with the seconds from seeing a sequence's cancellation (at the start of
+        an iteration) to its KV slot freed."""
         self._step, self._release, self.max_batch = step, release, max_batch
+        self.on_cancel_freed = on_cancel_freed
         self._arrived: dict[str, list[_Entry]] = {}
         self._drivers: dict[str, asyncio.Task] = {}
         self._background: set[asyncio.Task] = set()
@@ -77,13 +84,19 @@ class StepScheduler:
                     if not self._arrived.get(path):
                         return
                     continue
-                for entry, outcome in zip(running, await stepping):
+                progressed = False
+                for entry, call, outcome in zip(running, calls, await stepping):
                     if entry.seq.done:  # failed while the step ran (its response could not be sent)
                         continue
-                    if isinstance(outcome, Exception):
+                    if isinstance(outcome, Overloaded) and call.start:
+                        entry.seq.defer(outcome)  # no KV slot free yet: its prefill goes again next step
+                    elif isinstance(outcome, Exception):
                         entry.seq.fail(outcome)
                     else:
                         entry.seq.accept(outcome)
+                        progressed = True
+                if not progressed and not self._arrived.get(path):
+                    await asyncio.sleep(DEFER_BACKOFF_S)  # every row waits for a slot: do not spin
         except BaseException as error:  # a bug here must not leave requests waiting forever
             log.error("step scheduler failed", exc_info=error)
             for entry in active + self._arrived.pop(path, []):
@@ -125,17 +138,22 @@ class StepScheduler:
 
     def _end(self, ended: list[_Entry]) -> None:
         """Free the KV slots the ended sequences may hold (in the background) and resolve them."""
-        slots = [entry.seq.seq_id for entry in ended if entry.seq.holds_slot]
-        if slots:
-            task = asyncio.ensure_future(self._release_quietly(slots))
+        holding = [entry.seq for entry in ended if entry.seq.holds_slot]
+        if holding:
+            task = asyncio.ensure_future(self._release_quietly(holding))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         for entry in ended:
             if not entry.ended.done():
                 entry.ended.set_result(None)
 
-    async def _release_quietly(self, seq_ids: list[str]) -> None:
+    async def _release_quietly(self, sequences: list[Sequence]) -> None:
         try:
-            await self._release(seq_ids)
+            await self._release([seq.seq_id for seq in sequences])
         except Exception as error:  # the decoder also reclaims idle slots itself
-            log.warning("releasing KV slots of %d sequences failed: %s", len(seq_ids), error)
+            log.warning("releasing KV slots of %d sequences failed: %s", len(sequences), error)
+            return
+        now = time.monotonic()
+        for seq in sequences:
+            if seq.cancelled_at:
+                self.on_cancel_freed(now - seq.cancelled_at)

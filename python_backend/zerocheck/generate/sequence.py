@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence as Seq
 
+from zerocheck.api.errors import Overloaded
 from zerocheck.sampling import SamplingParams
 from zerocheck.serving.inputs import GenerateRequest
 from zerocheck.tokenizer import IncrementalDetokenizer, TextTokenizer
@@ -77,6 +78,10 @@ class Generation:
         return len(self.ids)
 
 
+DEGRADE_LOG_PROBS = "return_log_probs"
+DEGRADE_REASONS = (DEGRADE_LOG_PROBS,)  # every reason choose_path gives (metric label values)
+
+
 def choose_path(request: GenerateRequest) -> tuple[str, str | None]:
     """The sampler path and, when the zero-check path was asked for but cannot serve the request,
     why it degraded. Log-probabilities need the normalised distribution, which only the checked
@@ -84,7 +89,7 @@ def choose_path(request: GenerateRequest) -> tuple[str, str | None]:
     if not request.zerocheck:
         return CHECKED, None
     if request.return_log_probs or request.top_log_probs:
-        return CHECKED, "return_log_probs"
+        return CHECKED, DEGRADE_LOG_PROBS
     return ZERO_CHECK, None
 
 
@@ -118,7 +123,8 @@ class Sequence:
     """The state of one sequence between decode steps (see the module docstring)."""
 
     def __init__(self, tokenizer: TextTokenizer, request: GenerateRequest, prompt_ids: list[int], path: str,
-                 max_context: int, index: int = 0, cancelled: Callable[[], bool] = lambda: False) -> None:
+                 max_context: int, index: int = 0, cancelled: Callable[[], bool] = lambda: False,
+                 max_wait_s: float = 30.0) -> None:
         self.tokenizer, self.request, self.prompt_ids, self.path, self.index = tokenizer, request, prompt_ids, path, index
         self.cancelled = cancelled
         self.seq_id = uuid.uuid4().hex
@@ -137,6 +143,9 @@ class Sequence:
         self.finish: str | None = None if self.max_tokens > 0 else "length"
         self.error: Exception | None = None
         self.started = False  # a step was sent: the decoder may hold a KV slot for it
+        self.deferred_since = 0.0  # time.monotonic() of the first prefill refused for want of a slot
+        self.cancelled_at = 0.0  # time.monotonic() when its cancellation was seen
+        self.max_wait_s = max_wait_s
         self.released = False  # a step with end=True came back: the decoder freed the slot itself
         self.arrival_ns, self.first_scheduled_ns, self.first_token_ns, self.last_token_ns = time.time_ns(), 0, 0, 0
         self._detok = IncrementalDetokenizer(tokenizer)
@@ -189,8 +198,19 @@ class Sequence:
         elif len(self.ids) >= self.max_tokens:
             self.finish = "length"
 
+    def defer(self, refusal: Exception) -> None:
+        """The decoder had no KV slot for this sequence's prefill (every slot is taken, or one that
+        ended is still being freed): it holds none, and the prefill goes again at the next step. After
+        `max_wait_s` of that, the sequence fails with the refusal."""
+        self.started = False
+        now = time.monotonic()
+        self.deferred_since = self.deferred_since or now
+        if now - self.deferred_since > self.max_wait_s:
+            self.fail(Overloaded(f"overloaded: no KV cache slot freed within {self.max_wait_s:g} s ({refusal})"))
+
     def cancel(self) -> None:
         self.finish = "cancelled"
+        self.cancelled_at = time.monotonic()
 
     def fail(self, error: Exception) -> None:
         """The step failed for this sequence: it ends, and its request gets `error`."""

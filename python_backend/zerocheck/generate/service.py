@@ -133,7 +133,7 @@ class GenerateService:
         response go to `send`. Raises the error of the first sequence that failed, once all have ended."""
         sequences = {id(seq): (row, seq) for row in rows for seq in
                      (Sequence(self.tokenizer, row.request, row.prompt_ids, row.path, self.limits.max_context, index,
-                               cancelled) for index in range(row.request.num_return_sequences))}
+                               cancelled, self.queue_timeout_s) for index in range(row.request.num_return_sequences))}
 
         def emit(seq: Sequence, chunk: Chunk | None) -> None:
             row = sequences[id(seq)][0]

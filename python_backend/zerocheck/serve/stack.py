@@ -81,6 +81,11 @@ class ServingStack(TritonServer):
                                               start_new_session=True)
         return self
 
+    @property
+    def frontend_pid(self) -> int | None:
+        """Process id of the front end, None before `start()`."""
+        return self._frontend.pid if self._frontend else None
+
     def is_alive(self) -> bool:
         return super().is_alive() and self._frontend is not None and self._frontend.poll() is None
 

@@ -10,6 +10,8 @@ zerocheck_generated_tokens_total{sampler}      completion tokens
 zerocheck_time_to_first_token_seconds{sampler} histogram
 zerocheck_time_per_output_token_seconds{sampler} histogram
 zerocheck_active_sequences                     sequences generating now
+zerocheck_cancelled_slot_free_seconds          histogram: from seeing a cancellation (each decode step looks) to
+                                               its KV slot freed
 
 `DeferredMetrics` batches the per-step metric calls of the decoder.
 """
@@ -20,11 +22,12 @@ import time
 from typing import Any, Callable
 
 from zerocheck.api.errors import ErrorCode
-from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Generation
+from zerocheck.generate.sequence import CHECKED, DEGRADE_REASONS, ZERO_CHECK, Generation
 from zerocheck.serving.inputs import RETRY_REASONS
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+FREE_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
 PATHS = (ZERO_CHECK, CHECKED)
 
 
@@ -43,9 +46,9 @@ class GenerateMetrics:
         requests = counter("zerocheck_requests_total", "generate requests by sampler path and check-layer bypass")
         self.requests = {(path, bypass): requests.Metric(labels={"sampler": path, "bypass": str(bypass).lower()})
                          for path in PATHS for bypass in (True, False)}
-        self._degraded = counter("zerocheck_degraded_total", "zero-check requests served by the checked path")
-        self._degraded_by: dict[str, Any] = {}
         # every known label value exists from the start (at 0), so rate() and the alerts see a series
+        degraded = counter("zerocheck_degraded_total", "zero-check requests served by the checked path")
+        self.degraded = {reason: degraded.Metric(labels={"reason": reason}) for reason in DEGRADE_REASONS}
         errors = counter("zerocheck_request_errors_total", "generate requests refused or failed, by error code")
         self.errors = {code: errors.Metric(labels={"code": code.value}) for code in ErrorCode}
         retried = counter("zerocheck_retried_requests_total", "requests retrying another, by retry_reason")
@@ -60,13 +63,15 @@ class GenerateMetrics:
         self.tpot = {p: tpot.Metric(labels={"sampler": p}, buckets=TPOT_BUCKETS) for p in PATHS}
         self.active = keep(family(name="zerocheck_active_sequences", description="sequences generating now",
                                   kind=family.GAUGE)).Metric(labels={})
+        self.cancel_freed = keep(family(
+            name="zerocheck_cancelled_slot_free_seconds", kind=family.HISTOGRAM,
+            description="from seeing a cancellation at the start of a decode step to its KV slot freed"
+        )).Metric(labels={}, buckets=FREE_BUCKETS)
 
     def request(self, path: str, bypass: bool, degraded: str | None) -> None:
         self.requests[(path, bypass)].increment(1)
         if degraded:
-            if degraded not in self._degraded_by:
-                self._degraded_by[degraded] = self._degraded.Metric(labels={"reason": degraded})
-            self._degraded_by[degraded].increment(1)
+            self.degraded[degraded].increment(1)
 
     def error(self, code: ErrorCode) -> None:
         self.errors[code].increment(1)
