@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import random
 import re
 import sys
@@ -30,13 +29,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import psutil
 import requests
-import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_backend"))
+from zerocheck.api.errors import ErrorCode  # noqa: E402
+from zerocheck.clients import Client as GenerateClient  # noqa: E402
+from zerocheck.clients.errors import ZerocheckError  # noqa: E402
 from zerocheck.serve.stack import ServingStack  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
@@ -60,8 +60,9 @@ def sampling(rng: random.Random) -> dict:
     return params
 
 
-def refused(status: int | None, message: str) -> bool:
-    return status == 429 or "RESOURCE_EXHAUSTED" in message
+def refused(status: int, message: str) -> bool:
+    """An up-front refusal over HTTP: 429 from the door or the OpenAI API (both carry the code)."""
+    return status == 429 and "RESOURCE_EXHAUSTED" in message
 
 
 class Client(threading.Thread):
@@ -92,40 +93,26 @@ class Client(threading.Thread):
                 self.rng.choice(["on", "on", "off"]))
 
     def grpc_stream(self, cancel_after: int | None) -> str:
+        """The project's gRPC client to `ensemble`, no retries; giving up closes the stream of events, which
+        stops the request (a stop request on the same call, see zerocheck.clients.grpc_transport)."""
         prompt, params, max_tokens, switch = self._fields()
-        values = {"text_input": np.array([[prompt.encode()]], dtype=object),
-                  "max_tokens": np.array([[max_tokens]], np.int32), "stream": np.array([[True]]),
-                  **{k: np.array([[v]], np.uint64 if k == "seed" else np.int32 if k == "top_k" else np.float32)
-                     for k, v in params.items()}}
-        inputs = []
-        for name, array in values.items():
-            tensor = grpcclient.InferInput(name, list(array.shape), {"O": "BYTES", "i": "INT32", "u": "UINT64",
-                                                                      "f": "FP32", "b": "BOOL"}[array.dtype.kind])
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        got: queue.Queue = queue.Queue()
-        client = grpcclient.InferenceServerClient(self.stack.grpc_url)
-        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client = GenerateClient(self.stack.grpc_url, "grpc", timeout=300.0, retries=0)
+        events = client.stream(prompt, max_tokens=max_tokens, zerocheck=switch == "on", **params)
         tokens = 0
         try:
-            client.async_stream_infer("ensemble", inputs, parameters={"zerocheck": switch},
-                                      enable_empty_final_response=True)
-            while True:
-                result, error = got.get(timeout=300)
-                if error is not None:
-                    if tokens == 0 and refused(None, error.message()):
-                        return "refused"
-                    raise RuntimeError(error.message())
-                response = result.get_response()
-                tokens += len(response.outputs) and result.as_numpy("output_ids").size
-                if cancel_after is not None and tokens >= cancel_after:
-                    client.stop_stream(cancel_requests=True)
+            for event in events:
+                tokens += len(event.token_ids)
+                if cancel_after is not None and tokens >= cancel_after and not event.final:
                     return "cancelled"
-                if response.parameters["triton_final_response"].bool_param:
+                if event.final:
                     return "ok"
+        except ZerocheckError as error:
+            if tokens == 0 and error.code is ErrorCode.RESOURCE_EXHAUSTED:
+                return "refused"
+            raise
         finally:
-            client.stop_stream(cancel_requests=True)
-            client.close()
+            events.close()
+        raise RuntimeError("the stream ended without its final response")
 
     def _stream_http(self, url: str, body: dict, headers: dict, cancel_after: int | None, openai: bool) -> str:
         with self.session.post(url, json=body, headers=headers, stream=True, timeout=300) as reply:
@@ -143,7 +130,11 @@ class Client(threading.Thread):
                     return "ok"
                 event = json.loads(line[6:])
                 if "error" in event:
-                    raise RuntimeError(str(event["error"]))
+                    message = str(event["error"].get("message", event["error"]) if isinstance(event["error"], dict)
+                                  else event["error"])
+                    if tokens == 0 and message.startswith("RESOURCE_EXHAUSTED"):
+                        return "refused"  # Triton streams an overload of generate_stream as an error event
+                    raise RuntimeError(message)
                 ids = event.get("output_ids", [])
                 tokens += 1 if openai else len(ids) if isinstance(ids, list) else 1  # one id comes bare
                 if cancel_after is not None and tokens >= cancel_after:

@@ -6,6 +6,7 @@ import json
 import queue
 import re
 import time
+import uuid
 from typing import Any, Callable
 
 import numpy as np
@@ -51,8 +52,10 @@ def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] |
                   on_response: Callable[[dict[str, Any]], None] | None = None,
                   request_id: str = "") -> list[dict[str, Any]]:
     """Stream one request; returns decoded responses (with `t` = seconds since sending) in arrival
-    order. Raises the server's error. With cancel_after, cancels after that many responses;
-    on_response sees each response as it arrives."""
+    order. Raises the server's error. With cancel_after, stops the request after that many responses as
+    the project's clients do (a stop request with its id on the same stream, then the stream closes once
+    the request ended; see zerocheck.clients.grpc_transport); on_response sees each response as it arrives."""
+    request_id = request_id or uuid.uuid4().hex
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error, time.perf_counter())),
@@ -61,22 +64,32 @@ def grpc_generate(url: str, fields: dict[str, Any], parameters: dict[str, str] |
     client.async_stream_infer(model, grpc_inputs(fields), parameters=parameters or {}, request_id=request_id,
                               enable_empty_final_response=True)
     out: list[dict[str, Any]] = []
+    stopped, finals = False, 0
     try:
         while True:
             result, error, at = responses.get(timeout=timeout)
             if error is not None:
                 raise error
             response = result.get_response()
+            final = bool(response.parameters.get("triton_final_response")
+                         and response.parameters["triton_final_response"].bool_param)
+            if stopped:  # the stopped request's last responses and the stop request's empty answer
+                finals += final
+                if final and (response.outputs or finals == 2):
+                    return out
+                continue
             if response.outputs:
                 out.append({**decode_result(result), "t": at - start})
                 if on_response is not None:
                     on_response(out[-1])
-            if response.parameters.get("triton_final_response") and response.parameters["triton_final_response"].bool_param:
+            if final:
                 return out
             if cancel_after is not None and len(out) >= cancel_after:
-                return out
+                client.async_stream_infer(model, grpc_inputs({"stop": True}), request_id=request_id,
+                                          enable_empty_final_response=True)
+                stopped = True
     finally:
-        client.stop_stream(cancel_requests=cancel_after is not None)
+        client.stop_stream()
         client.close()
 
 

@@ -1,6 +1,7 @@
 """End-to-end tests of the model repository on a real tritonserver (session fixture `triton_server`)."""
 from __future__ import annotations
 
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 import conftest
-from generate_calls import grpc_generate, http_generate, slots_in_use
+from generate_calls import decode_result, grpc_generate, grpc_inputs, http_generate, slots_in_use
 from zerocheck.tokenizer import load_tokenizer
 
 EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
@@ -169,8 +170,48 @@ def test_concurrent_streams_are_batched(triton_server):
     assert max(sizes) > 1, f"decoder batch sizes seen: {sizes}"
 
 
-def test_cancelled_stream_frees_its_slot(triton_server):
-    grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 200, "stream": True}, cancel_after=2)
+def cancel_the_call_after(url: str, fields: dict, responses_before: int) -> None:
+    """What a tritonclient user does to give up: stop_stream(cancel_requests=True) cancels the gRPC call."""
+    arrived: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: arrived.put(error))
+    client.async_stream_infer("ensemble", grpc_inputs(fields))
+    for _ in range(responses_before):
+        assert arrived.get(timeout=60) is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+
+
+def test_a_stop_request_ends_a_text_request_as_cancelled(triton_server):
+    """The project's clients give up with a stop request (same request id, same stream): the request ends at
+    its next step with finish_reason "cancelled" and its slot is freed."""
+    request_id, arrived = "stop-me", queue.Queue()
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    client.async_stream_infer("ensemble", grpc_inputs({"text_input": PROMPT, "max_tokens": 200, "stream": True}),
+                              request_id=request_id, enable_empty_final_response=True)
+    assert arrived.get(timeout=60)[1] is None
+    client.async_stream_infer("ensemble", grpc_inputs({"stop": True}), request_id=request_id,
+                              enable_empty_final_response=True)
+    finals = []
+    while len(finals) < 2:
+        result, error = arrived.get(timeout=60)
+        assert error is None, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            finals.append(decode_result(result))
+    client.stop_stream()
+    client.close()
+    assert {} in finals and any(f.get("finish_reason") == "cancelled" for f in finals), finals
+    assert slots_in_use(triton_server) == 0
+
+
+@pytest.mark.parametrize("how", ["stop request", "cancelled call"])
+def test_cancelled_stream_frees_its_slot(triton_server, how):
+    fields = {"text_input": PROMPT, "max_tokens": 200, "stream": True}
+    if how == "stop request":
+        grpc_generate(triton_server.grpc_url, fields, cancel_after=2)
+    else:
+        cancel_the_call_after(triton_server.grpc_url, fields, 2)
     deadline = time.time() + 15
     while slots_in_use(triton_server) != 0 and time.time() < deadline:
         time.sleep(0.2)

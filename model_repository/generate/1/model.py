@@ -121,7 +121,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 arrays = request_arrays(pb_utils, request, INPUT_NAMES[self.interface])
-                if self.interface == TOKENS and bool(arrays.get("stop", [[False]])[0][0]):
+                if bool(arrays.get("stop", [[False]])[0][0]):
                     self.stop(request, sender)
                     continue
                 rows = self.service.prepare_batch(arrays, request_parameters(request))
@@ -136,7 +136,8 @@ class TritonPythonModel:
     def stop(self, request, sender) -> None:
         """A stop request (tensorrtllm_backend's `stop` input): the in-flight request with the same request
         id ends as if cancelled (one that has ended already stays ended); the stop request gets one empty
-        final response."""
+        final response. The project's clients cancel this way over gRPC rather than by cancelling the call:
+        Triton 2.51's gRPC stream handler can crash on a call cancelled while responses are in flight."""
         request_id = request.request_id()
         if not request_id:
             raise InvalidRequest("stop: give the request id of the request to stop")

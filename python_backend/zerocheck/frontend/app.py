@@ -12,6 +12,7 @@ from pathlib import Path
 import tritonclient.grpc.aio as aiogrpc
 from aiohttp import web
 
+from zerocheck.clients.aio_grpc_transport import close_when_done
 from zerocheck.clients.endpoint import MAX_MESSAGE_BYTES
 from zerocheck.frontend.door import TritonDoor
 from zerocheck.frontend.limits import HttpLimits
@@ -107,7 +108,7 @@ class Frontend:
     async def stop(self) -> None:
         for runner in self.runners:
             await runner.cleanup()
-        await self.client.close()
+        await close_when_done(self.client)
 
 
 async def serve_forever(options: FrontendOptions, ready_file: Path | None = None) -> None:

@@ -83,6 +83,8 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("use_draft_logits", "TYPE_BOOL", doc="speculative decoding: only false"),
     InputSpec("return_num_input_tokens", "TYPE_BOOL", doc="return num_input_tokens (the prompt's tokens)"),
     InputSpec("return_num_output_tokens", "TYPE_BOOL", doc="return num_output_tokens (this response's tokens)"),
+    InputSpec("stop", "TYPE_BOOL", role="stop",
+              doc="true: end the in-flight request with this request's id as if cancelled (no other input needed)"),
 )
 INPUTS_BY_NAME = {spec.name: spec for spec in GENERATE_INPUTS}
 
