@@ -1,4 +1,5 @@
-"""Decoder step latency (torch vs onnxruntime) and the sampler's share of a full decode step.
+"""Decoder step latency (torch fp32, torch bf16, onnxruntime fp32) and the sampler's share of a full
+decode step.
 
     python benchmarks/decoder.py [--artifacts artifacts] [--artifacts-128k artifacts-128k] [--steps 20]
 
@@ -6,9 +7,9 @@ Prints, per backend and batch size, the median decode-step latency and tokens/s;
 and V=128256 (when that artifact set is built), the share of decoder + sampler time that
 `checked_sample` (and `zero_check_sample`) takes. Ratios only, no asserts.
 
-Each backend is measured in its own subprocess, alternating (torch, onnxruntime, torch, ...) for
-`--rounds` rounds, keeping the best median per cell: the two runtimes' idle thread pools do not
-disturb each other, and a noisy neighbour on a shared CPU hits both alike.
+Each variant (backend:dtype) is measured in its own subprocess, alternating for `--rounds` rounds,
+keeping the best median per cell: the runtimes' idle thread pools do not disturb each other, and a
+noisy neighbour on a shared CPU hits all alike. bf16 runs where the CPU has bf16 instructions.
 """
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from typing import Callable
 
 import torch
 
-from zerocheck.decoder import BACKENDS, DecoderEngine, StepRequest, load_decoder
+from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
+from zerocheck.decoder.engine import BF16_CPU_FLAGS, cpu_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
+VARIANTS = ["torch:fp32", "torch:bf16", "onnxruntime:fp32"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:
@@ -53,34 +56,36 @@ def decode_step_ms(engine: DecoderEngine, batch: int, steps: int) -> tuple[float
     return ms, last[-1]
 
 
-def measure_backend(artifacts: Path, backend: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
-    engine = load_decoder(artifacts, backend=backend, max_slots=max(batches), num_threads=threads)
+def measure_backend(artifacts: Path, variant: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
+    backend, dtype = variant.split(":")
+    engine = load_decoder(artifacts, backend=backend, max_slots=max(batches), num_threads=threads, dtype=dtype)
     return {batch: decode_step_ms(engine, batch, steps)[0] for batch in batches}
 
 
-def measure_in_subprocess(artifacts: Path, backend: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
-    command = [sys.executable, __file__, "--measure", backend, "--artifacts", str(artifacts), "--steps", str(steps),
+def measure_in_subprocess(artifacts: Path, variant: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
+    command = [sys.executable, __file__, "--measure", variant, "--artifacts", str(artifacts), "--steps", str(steps),
                "--batches", *map(str, batches)] + (["--threads", str(threads)] if threads else [])
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return {int(batch): ms for batch, ms in json.loads(output.splitlines()[-1]).items()}
 
 
-def backend_table(artifacts: Path, batches: list[int], steps: int, threads: int | None, rounds: int) -> dict[tuple[str, int], float]:
+def backend_table(artifacts: Path, variants: list[str], batches: list[int], steps: int, threads: int | None,
+                  rounds: int) -> dict[tuple[str, int], float]:
     results: dict[tuple[str, int], float] = {}
     for _ in range(rounds):
-        for backend in BACKENDS:
-            for batch, ms in measure_in_subprocess(artifacts, backend, batches, steps, threads).items():
-                results[backend, batch] = min(ms, results.get((backend, batch), float("inf")))
+        for variant in variants:
+            for batch, ms in measure_in_subprocess(artifacts, variant, batches, steps, threads).items():
+                results[variant, batch] = min(ms, results.get((variant, batch), float("inf")))
     print(f"\ndecode step, {artifacts.name}: median ms/step (tokens/s)")
-    print(f"{'batch':>6} " + " ".join(f"{backend:>24}" for backend in BACKENDS) + f" {'faster':>12}")
+    print(f"{'batch':>6} " + " ".join(f"{variant:>24}" for variant in variants) + f" {'fastest':>18}")
     for batch in batches:
-        cells = [f"{results[b, batch]:8.2f} ms ({batch / results[b, batch] * 1000:8.0f}/s)" for b in BACKENDS]
-        faster = min(BACKENDS, key=lambda b: results[b, batch])
-        print(f"{batch:>6} " + " ".join(f"{cell:>24}" for cell in cells) + f" {faster:>12}")
+        cells = [f"{results[v, batch]:8.2f} ms ({batch / results[v, batch] * 1000:8.0f}/s)" for v in variants]
+        fastest = min(variants, key=lambda v: results[v, batch])
+        print(f"{batch:>6} " + " ".join(f"{cell:>24}" for cell in cells) + f" {fastest:>18}")
     return results
 
 
-def sampler_share(artifacts: Path, backend: str, batches: list[int], steps: int, threads: int | None) -> None:
+def sampler_share(artifacts: Path, variant: str, batches: list[int], steps: int, threads: int | None) -> None:
     """Decoder ms from a clean subprocess; sampler ms here, on random logits [B, V] of the same V."""
     try:
         from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample
@@ -88,10 +93,10 @@ def sampler_share(artifacts: Path, backend: str, batches: list[int], steps: int,
         print(f"\nsampler share skipped: zerocheck.sampling is not importable yet ({error})")
         return
     vocab_size = json.loads((artifacts / "manifest.json").read_text())["vocab_size"]
-    decoder_ms = measure_in_subprocess(artifacts, backend, batches, steps, threads)
+    decoder_ms = measure_in_subprocess(artifacts, variant, batches, steps, threads)
     if threads:
         torch.set_num_threads(threads)
-    print(f"\nfull step = decoder ({backend}) + sampler, V={vocab_size}: median ms, sampler share")
+    print(f"\nfull step = decoder ({variant}) + sampler, V={vocab_size}: median ms, sampler share")
     print(f"{'batch':>6} {'decoder':>10} {'checked':>10} {'share':>7} {'zero_check':>11} {'share':>7}")
     for batch in batches:
         logits = torch.randn(batch, vocab_size, generator=torch.Generator().manual_seed(batch))
@@ -112,13 +117,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime intra-op threads")
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds per backend")
-    parser.add_argument("--measure", choices=BACKENDS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
+    parser.add_argument("--measure", choices=VARIANTS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure_backend(args.artifacts, args.measure, args.batches, args.steps, args.threads)))
         return
-    results = backend_table(args.artifacts, args.batches, args.steps, args.threads, args.rounds)
-    totals = {backend: sum(results[backend, batch] for batch in args.batches) for backend in BACKENDS}
+    bf16 = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+    variants = [v for v in VARIANTS if bf16 or not v.endswith("bf16")]
+    results = backend_table(args.artifacts, variants, args.batches, args.steps, args.threads, args.rounds)
+    totals = {variant: sum(results[variant, batch] for batch in args.batches) for variant in variants}
     fastest = min(totals, key=totals.get)
     print(f"\nfaster overall on this machine: {fastest} ({totals[fastest]:.1f} ms vs "
           + ", ".join(f"{b} {t:.1f} ms" for b, t in totals.items() if b != fastest) + ", summed over batches)")

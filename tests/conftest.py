@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from zerocheck.serve import TritonServer, TritonServerNotFound, find_tritonserver
+from zerocheck.serve.repository import copy_repository
 from zerocheck.serve.stack import ServingStack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,18 +43,9 @@ def real_artifacts_dir() -> Path:
 
 
 def copied_repository(tmp_path: Path, **parameters: dict[str, str]) -> Path:
-    """model_repository/ copied under tmp_path with string parameters replaced: {model: {key: value}}
-    (tests inject their knobs this way; each key must exist in that model's config)."""
-    repository = tmp_path / "model_repository"
-    shutil.copytree(REPO_ROOT / "model_repository", repository, ignore=shutil.ignore_patterns("__pycache__"))
-    for model, values in parameters.items():
-        config = repository / model / "config.pbtxt"
-        text = config.read_text()
-        for key, value in values.items():
-            text, count = re.subn(rf'(key: "{key}" value: {{ string_value: )"[^"]*"', rf'\1"{value}"', text)
-            assert count == 1, f"{model}: no parameter {key}"
-        config.write_text(text)
-    return repository
+    """model_repository/ copied under tmp_path with string parameters set: {model: {key: value}} (tests
+    inject their knobs this way; see zerocheck.serve.repository.copy_repository)."""
+    return copy_repository(tmp_path / "model_repository", parameters)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, load_decoder, load_transformer
+from zerocheck.decoder.engine import choose_dtype
 from zerocheck.tokenizer import stdlib_corpus_files, train_bpe_tokenizer
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -60,7 +61,7 @@ def test_logits_match_transformers_llama(artifacts: Path) -> None:
 
 def test_cached_engine_matches_transformers(artifacts: Path) -> None:
     hf = AutoModelForCausalLM.from_pretrained(artifacts / "hf_model").eval()
-    engine = load_decoder(artifacts, backend="torch", max_slots=2)
+    engine = load_decoder(artifacts, backend="torch", max_slots=2, dtype="fp32")
     ids = list(range(40, 60))
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
@@ -97,7 +98,7 @@ def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     manifest = build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64, onnx=False), tmp_path / "out")
     assert manifest["vocab_size"] == 512 and manifest["model"]["model_type"] == config.model_type
     hf = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-    engine = load_decoder(tmp_path / "out", backend="torch")
+    engine = load_decoder(tmp_path / "out", backend="torch", dtype="fp32")
     ids = [5, 99, 300, 7, 42] * 6
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0, -1]
@@ -119,3 +120,35 @@ def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="sliding_window 32"):
         load_decoder(tmp_path / "out", backend="torch")
     assert load_decoder(tmp_path / "out", backend="torch", max_seq_len=32).pool.max_seq_len == 32
+
+
+@pytest.mark.parametrize("requested, backend, flags, chosen", [
+    ("auto", "torch", {"avx512f", "amx_bf16"}, "bf16"), ("auto", "torch", {"avx512_bf16"}, "bf16"),
+    ("auto", "torch", {"avx2"}, "fp32"), ("auto", "onnxruntime", {"amx_bf16"}, "fp32"),
+    ("fp32", "torch", {"amx_bf16"}, "fp32"), ("bf16", "torch", set(), "bf16")])
+def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) -> None:
+    assert choose_dtype(requested, backend, flags) == chosen
+
+
+def test_bad_dtype_requests_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, got 'fp16'"):
+        choose_dtype("fp16", "torch", set())
+    with pytest.raises(ValueError, match="dtype bf16 needs backend torch"):
+        choose_dtype("bf16", "onnxruntime", {"amx_bf16"})
+
+
+def test_bf16_engine_follows_fp32_through_its_cache(artifacts: Path) -> None:
+    """bf16 weights, activations and KV cache (its gather copies bf16 bits); float32 logits close to fp32's,
+    the same top-1 at every cached step."""
+    engines = {dtype: load_decoder(artifacts, backend="torch", max_slots=2, dtype=dtype) for dtype in ("fp32", "bf16")}
+    assert engines["bf16"].pool.keys.dtype == torch.bfloat16 and engines["bf16"].dtype == "bf16"
+    ids = list(range(40, 60))
+    got = {}
+    for dtype, engine in engines.items():
+        rows = [engine.step([StepRequest("s", ids[:12], start=True, end=False)]).logits[0]]
+        rows += [engine.step([StepRequest("s", [t], start=False, end=False)]).logits[0] for t in ids[12:]]
+        got[dtype] = torch.stack(rows)
+    assert got["bf16"].dtype == torch.float32
+    scale = got["fp32"].abs().max()
+    assert (got["bf16"] - got["fp32"]).abs().max() < 0.05 * scale
+    assert torch.equal(got["bf16"].argmax(-1), got["fp32"].argmax(-1))

@@ -24,7 +24,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def service(artifacts: Path, max_slots: int = 8) -> DecoderService:
-    engine = load_decoder(artifacts, backend="torch", max_slots=max_slots)
+    engine = load_decoder(artifacts, backend="torch", max_slots=max_slots, dtype="fp32")
     return DecoderService(engine, make_sampler(engine.vocab_size, 8, "cpu"))
 
 

@@ -39,7 +39,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engine(artifacts: Path) -> DecoderEngine:
-    return load_decoder(artifacts, backend="torch", max_slots=4)
+    return load_decoder(artifacts, backend="torch", max_slots=4, dtype="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_bad_rows_do_not_disturb_good_rows(engine: DecoderEngine, model: Transfo
 def test_a_failed_forward_fails_only_its_rows(artifacts: Path, model: Transformer) -> None:
     """The fault knob fails every forward holding token 13: the batch falls back to one forward per
     row, so the good rows get their logits and the KV caches stay consistent."""
-    engine = load_decoder(artifacts, backend="torch", max_slots=4, fail_token=13)
+    engine = load_decoder(artifacts, backend="torch", max_slots=4, fail_token=13, dtype="fp32")
     engine.step([StepRequest("good", [4, 5], True, False), StepRequest("bad", [6, 7], True, False)])
     result = engine.step([StepRequest("good", [8], False, False), StepRequest("bad", [13], False, False),
                           StepRequest("new", [13, 2], True, False), StepRequest("fresh", [3, 4], True, False)])
@@ -163,7 +163,7 @@ def test_idle_reclaim() -> None:
 
 
 def test_engine_reclaims_idle_sequences_before_a_step(artifacts: Path) -> None:
-    engine = load_decoder(artifacts, backend="torch", max_slots=1, idle_timeout_s=30.0)
+    engine = load_decoder(artifacts, backend="torch", max_slots=1, idle_timeout_s=30.0, dtype="fp32")
     clock = FakeClock()
     engine.pool.clock = clock
     engine.step([StepRequest("stale", [1], True, False)])

@@ -38,7 +38,7 @@ def test_onnx_graph_has_dynamic_axes(artifacts: Path) -> None:
 
 
 def test_onnxruntime_engine_matches_torch_engine(artifacts: Path) -> None:
-    engines = [load_decoder(artifacts, backend=backend, max_slots=4) for backend in ("torch", "onnxruntime")]
+    engines = [load_decoder(artifacts, backend=backend, max_slots=4, dtype="fp32") for backend in ("torch", "onnxruntime")]
     schedule = [
         [StepRequest("a", [1, 2, 3, 4, 5], True, False), StepRequest("b", [7], True, False)],
         [StepRequest("a", [6], False, False), StepRequest("b", [8, 9, 10], False, False), StepRequest("c", [3, 3], True, False)],

@@ -44,7 +44,8 @@ class TritonPythonModel:
                               max_seq_len=config.get_int("max_seq_len", 0) or None,
                               idle_timeout_s=config.get_float("idle_timeout_s", 60.0),
                               num_threads=config.get_int("num_threads", 0) or None,
-                              fail_token=config.get_int("test_fail_token", -1))
+                              fail_token=config.get_int("test_fail_token", -1),
+                              dtype=config.get("dtype", "auto"))
         self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, "cpu"))
         self.delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
         labels = {"model": config.name}

@@ -19,7 +19,7 @@ from pathlib import Path
 from zerocheck.bench.triton_stats import ModelTime, delta, snapshot, wait_until_idle
 from zerocheck.clients import Client
 from zerocheck.serve import TritonServer
-from zerocheck.serving.triton import REPO_ROOT
+from zerocheck.serve.repository import copy_repository
 
 PATHS = ("zero_check", "checked")
 # the models of each path's check layer; the zero-check sampler runs inside `decoder` (its own counter)
@@ -72,21 +72,13 @@ def run_level(server: TritonServer, path: str, concurrency: int, max_tokens: int
     return Run(path, concurrency, wall, samples, delta(before, snapshot(server.http_url, server.metrics_url)))
 
 
-def sized_repository(concurrency: int) -> Path:
-    """A copy of model_repository/ whose KV pool and admission fit `concurrency` sequences."""
+def sized_repository(concurrency: int, decoder: dict[str, str] | None = None) -> Path:
+    """A copy of model_repository/ whose KV pool and admission fit `concurrency` sequences; `decoder`:
+    more of the decoder's parameters (backend, dtype)."""
     target = Path(tempfile.mkdtemp(prefix="zerocheck-bench-")) / "model_repository"
-    shutil.copytree(REPO_ROOT / "model_repository", target)
-    admit = ('key: "max_concurrent_sequences" value: { string_value: "16" }',
-             f'key: "max_concurrent_sequences" value: {{ string_value: "{concurrency}" }}')
-    replace = {"decoder": ('key: "max_slots" value: { string_value: "32" }',
-                           f'key: "max_slots" value: {{ string_value: "{2 * concurrency}" }}'),
-               "generate": admit, "ensemble": admit}
-    for model, (old, new) in replace.items():
-        config = target / model / "config.pbtxt"
-        text = config.read_text()
-        assert old in text, f"{config}: {old!r} not found"
-        config.write_text(text.replace(old, new))
-    return target
+    admit = {"max_concurrent_sequences": str(concurrency)}
+    return copy_repository(target, {"decoder": {"max_slots": str(2 * concurrency), **(decoder or {})},
+                                    "generate": admit, "ensemble": admit})
 
 
 @dataclass

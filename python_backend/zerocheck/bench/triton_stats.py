@@ -26,10 +26,6 @@ class ModelTime:
     forward_ns: int = 0  # decoder only: the part of infer spent in the forward (the model's compute)
     sample_ns: int = 0  # decoder only: the part of infer spent in the fused zero-check sampler
 
-    @property
-    def compute_ns(self) -> int:
-        return self.input_ns + self.infer_ns + self.output_ns
-
     def add(self, other: "ModelTime") -> None:
         self.executions += other.executions
         self.inferences += other.inferences
@@ -39,12 +35,6 @@ class ModelTime:
         self.output_ns += other.output_ns
         self.forward_ns += other.forward_ns
         self.sample_ns += other.sample_ns
-
-    def compute_ms_per_execution(self) -> float:
-        return self.compute_ns / self.executions / 1e6 if self.executions else 0.0
-
-    def queue_ms_per_inference(self) -> float:
-        return self.queue_ns / self.inferences / 1e6 if self.inferences else 0.0
 
     def mean_batch(self) -> float:
         return self.inferences / self.executions if self.executions else 0.0

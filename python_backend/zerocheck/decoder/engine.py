@@ -23,6 +23,29 @@ from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 ONNX_FILE = "decoder.onnx"
 BACKENDS = ("torch", "onnxruntime")
 DEFAULT_BACKEND = "onnxruntime"  # faster than torch on the 2-core CPU, summed over batch 1/8/32 (benchmarks/decoder.py)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU multiplies bfloat16 natively
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def choose_dtype(requested: str, backend: str, flags: set[str]) -> str:
+    """`requested` ("auto", "fp32" or "bf16") made concrete for `backend` on a CPU with `flags`: auto is
+    bf16 for the torch backend where the CPU has bf16 instructions (AMX or AVX512-BF16), else fp32."""
+    if requested not in ("auto", *DTYPES):
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")
+    if requested == "auto":
+        return "bf16" if backend == "torch" and any(flag in flags for flag in BF16_CPU_FLAGS) else "fp32"
+    if requested == "bf16" and backend != "torch":
+        raise ValueError(f"dtype bf16 needs backend torch (the {backend} export is float32)")
+    return requested
 
 
 @dataclass
@@ -77,8 +100,8 @@ class _Logits:
 
 class DecoderEngine:
     def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str,
-                 fail_token: int = -1) -> None:
-        self.config, self.pool, self.backend = config, pool, backend
+                 dtype: str = "fp32", fail_token: int = -1) -> None:
+        self.config, self.pool, self.backend, self.dtype = config, pool, backend, dtype
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
         self.fail_token = fail_token
@@ -184,8 +207,10 @@ def load_decoder(
     idle_timeout_s: float = 60.0,
     num_threads: int | None = None,
     fail_token: int = -1,
+    dtype: str = "auto",
 ) -> DecoderEngine:
-    """Load the decoder built by build_engines.py; the backend is chosen here, once.
+    """Load the decoder built by build_engines.py; the backend and the dtype of weights, activations and
+    KV cache (`choose_dtype`) are chosen here, once.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
     max_position_embeddings. Prints the KV pool size. fail_token >= 0 (test-only) makes every forward
@@ -196,10 +221,11 @@ def load_decoder(
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
+    dtype = choose_dtype(dtype, backend, cpu_flags())
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
-        step_fn = torch_step(load_transformer(model_dir))
+        step_fn = torch_step(load_transformer(model_dir, DTYPES[dtype]))
     else:
         onnx_path = root / ONNX_FILE
         if not onnx_path.is_file():
@@ -209,6 +235,7 @@ def load_decoder(
     if config.sliding_window is not None and max_seq_len > config.sliding_window:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
-    pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s)
-    print(f"decoder ({backend}): {pool.describe()}")
-    return DecoderEngine(config, step_fn, pool, backend, fail_token)
+    pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
+                       dtype=DTYPES[dtype])
+    print(f"decoder ({backend}, {dtype}): {pool.describe()}")
+    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token)

@@ -21,7 +21,7 @@ class SlotState:
 class KVCachePool:
     """Preallocated K/V for `max_slots` sequences of up to `max_seq_len` tokens.
 
-    `keys`, `values`: [L, max_slots, Hkv, max_seq_len, D] float32, zero-filled at creation;
+    `keys`, `values`: [L, max_slots, Hkv, max_seq_len, D] in `dtype` (the decoder's), zero-filled at creation;
     `keys[l]` is layer l's [slots, Hkv, max_seq_len, D] cache. Written in place by `write`.
     """
 
@@ -34,10 +34,11 @@ class KVCachePool:
         max_seq_len: int,
         idle_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         shape = (num_layers, max_slots, num_kv_heads, max_seq_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=torch.float32)
-        self.values = torch.zeros(shape, dtype=torch.float32)
+        self.keys = torch.zeros(shape, dtype=dtype)
+        self.values = torch.zeros(shape, dtype=dtype)
         self.max_slots, self.max_seq_len, self.idle_timeout_s = max_slots, max_seq_len, idle_timeout_s
         self.clock = clock
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
@@ -53,7 +54,8 @@ class KVCachePool:
 
     def describe(self) -> str:
         l, s, h, t, d = self.keys.shape
-        return f"KV cache pool: {s} slots x {t} tokens x {l} layers x {h} kv heads x {d} dims, {self.nbytes / 2**20:.1f} MiB"
+        return (f"KV cache pool: {s} slots x {t} tokens x {l} layers x {h} kv heads x {d} dims, "
+                f"{str(self.keys.dtype).removeprefix('torch.')}, {self.nbytes / 2**20:.1f} MiB")
 
     def state(self, seq_id: str) -> SlotState | None:
         return self._active.get(seq_id)
@@ -91,9 +93,12 @@ class KVCachePool:
         """Copy of the first `past_len` positions of `slots`: keys, values [L, B, Hkv, past_len, D]."""
         # numpy's single-threaded copy, a slot at a time: torch's indexing wakes its OpenMP threads
         # (passive wait), a hand-off 30x slower than the copy at batch 1; numpy's fancy indexing makes a
-        # non-contiguous result that the backend would copy again
-        return tuple(torch.from_numpy(np.stack([cache[:, slot, :, :past_len] for slot in slots], axis=1))
-                     for cache in (self.keys.numpy(), self.values.numpy()))
+        # non-contiguous result that the backend would copy again. numpy has no bfloat16: its bits are
+        # copied as int16.
+        dtype = self.keys.dtype
+        bits = torch.int16 if dtype == torch.bfloat16 else dtype
+        return tuple(torch.from_numpy(np.stack([cache[:, slot, :, :past_len] for slot in slots], axis=1)).view(dtype)
+                     for cache in (self.keys.view(bits).numpy(), self.values.view(bits).numpy()))
 
     def write(self, held: SlotState, new_keys: torch.Tensor, new_values: torch.Tensor) -> None:
         """Append new_keys/new_values [L, Hkv, n, D] after the cached positions of `held` (in place)."""

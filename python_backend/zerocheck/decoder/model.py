@@ -7,6 +7,10 @@ which makes the same module the torch backend and the ONNX export.
 
 Shapes: B batch rows, T new tokens per row (rows padded to T), P cached positions per row
 (padded to P), L layers, Hkv key/value heads, D head_dim, V vocabulary.
+
+Weights and activations are float32 or bfloat16 (the module's dtype, `load_transformer(dtype=...)`);
+as in Hugging Face's Llama, RMSNorm, the rotary angles, the attention softmax and the logits are
+computed in float32 whatever that dtype.
 """
 from __future__ import annotations
 
@@ -26,8 +30,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        wide = x.to(torch.float32)
+        variance = wide.pow(2).mean(-1, keepdim=True)
+        return self.weight * (wide * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
 
 def rotary_inv_freq(config: DecoderConfig) -> torch.Tensor:
@@ -88,13 +93,14 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         new_k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         new_v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         q, new_k = apply_rotary(q, cos, sin), apply_rotary(new_k, cos, sin)
         k = torch.cat([past_k, new_k], dim=2).unsqueeze(2)  # [B, Hkv, 1, P+T, D]
         v = torch.cat([past_v, new_v], dim=2).unsqueeze(2)
         q = q.reshape(b, self.num_kv_heads, groups, t, self.head_dim)  # query heads grouped per KV head
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.head_dim**-0.5)  # [B, Hkv, G, T, P+T]
+        scores = torch.matmul(q, k.transpose(-1, -2)).to(torch.float32) * (self.head_dim**-0.5)  # [B, Hkv, G, T, P+T]
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        out = torch.matmul(F.softmax(scores, dim=-1), v)  # [B, Hkv, G, T, D]
+        out = torch.matmul(F.softmax(scores, dim=-1).to(v.dtype), v)  # [B, Hkv, G, T, D]
         out = out.reshape(b, self.num_heads, t, self.head_dim).transpose(1, 2).reshape(b, t, -1)
         return self.o_proj(out), new_k, new_v
 
@@ -156,8 +162,9 @@ class Transformer(nn.Module):
 
         tokens, positions: [B, T] int64 (positions drive the rotary embedding);
         attention_mask: [B, T, P+T] bool, True where query t may attend to cached (first P) or new key;
-        last_index: [B] int64, the row's last real token in T; past_keys, past_values: [L, B, Hkv, P, D] float32.
-        Returns logits [B, V] float32 at last_index, new_keys and new_values [L, B, Hkv, T, D] float32.
+        last_index: [B] int64, the row's last real token in T; past_keys, past_values: [L, B, Hkv, P, D] in the
+        module's dtype. Returns logits [B, V] float32 at last_index, new_keys and new_values [L, B, Hkv, T, D]
+        in the module's dtype.
         """
         cos, sin = rotary_cos_sin(positions, self.inv_freq)
         mask = attention_mask[:, None, None, :, :]
@@ -169,5 +176,5 @@ class Transformer(nn.Module):
             new_values.append(new_v)
         index = last_index.view(-1, 1, 1).expand(-1, 1, x.shape[-1])
         last_hidden = torch.gather(x, 1, index).squeeze(1)  # [B, hidden]
-        logits = self.lm_head(self.norm(last_hidden))
+        logits = self.lm_head(self.norm(last_hidden)).to(torch.float32)
         return logits, torch.stack(new_keys), torch.stack(new_values)

@@ -25,8 +25,9 @@ def read_hf_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_transformer(model_dir: str | Path) -> Transformer:
-    """Build `Transformer` from `config.json` and fill it from safetensors, as float32 in eval mode."""
+def load_transformer(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
+    """Build `Transformer` from `config.json` and fill it from safetensors, in `dtype` (float32 or
+    bfloat16), in eval mode."""
     config = DecoderConfig.from_pretrained(model_dir)
     model = Transformer(config)
     state = read_hf_state_dict(Path(model_dir))
@@ -40,4 +41,4 @@ def load_transformer(model_dir: str | Path) -> Transformer:
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(state[name].to(torch.float32))
-    return model.eval()
+    return model.to(dtype).eval()

@@ -186,9 +186,6 @@ class GenerateRequest:
     zerocheck: bool = True
     retry_reason: str | None = None
 
-    def with_sampling(self, **changes: Any) -> "GenerateRequest":
-        return replace(self, sampling=replace(self.sampling, **changes))
-
     @property
     def is_chat(self) -> bool:
         return self.messages is not None

@@ -25,11 +25,9 @@ class ModelConfig:
         self.name: str = self.raw["name"]
         self.parameters = {k: v["string_value"] for k, v in self.raw.get("parameters", {}).items()}
         self.max_batch_size = int(self.raw.get("max_batch_size", 0))
-        self.input_names = [i["name"] for i in self.raw.get("input", [])]
 
     def get(self, key: str, default: str) -> str:
-        value = self.parameters.get(key, default)
-        return default if value.startswith("${") else value  # unfilled template value
+        return self.parameters.get(key, default)
 
     def get_int(self, key: str, default: int) -> int:
         return int(self.get(key, str(default)))

@@ -1,0 +1,82 @@
+"""bf16 against fp32 on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
+
+    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64]
+
+The fp32 torch decoder generates greedily; the bf16 one is fed the same tokens (teacher forcing), and
+at every position its top-1 is compared with fp32's. Prints the agreement, the first position where
+each prompt's free-running bf16 greedy text leaves fp32's, and the largest logit gap; writes
+benchmarks/results/precision.json. The issue's bar: >= 98 % of positions agree.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from zerocheck.decoder import StepRequest, load_decoder
+from zerocheck.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAIN = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+         "The three primary colors are", "import numpy as np\n\n", "The theory of relativity states that",
+         "Water boils at", "class Stack:\n    def __init__(self):", "The best way to learn a language is",
+         "In 1969, the first humans"]
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three fruits.",
+             "What is 2 + 2?", "Explain in one sentence what a CPU does.", "Give me a tip for sleeping well.",
+             "What does HTTP stand for?", "Translate 'thank you' into Spanish.", "Why is the sky blue?",
+             "Write a Python function that reverses a string."]
+
+
+def prompts(artifacts: Path) -> list[list[int]]:
+    tokenizer = load_tokenizer(artifacts)
+    texts = PLAIN + [tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    return [tokenizer.encode(text) for text in texts]
+
+
+def greedy(engine, prompt: list[int], tokens: int, forced: list[int] | None = None) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy ids (or, with `forced`, the top-1 at each position while feeding `forced`) and the logits."""
+    ids, logits = [], []
+    step = [StepRequest("p", prompt, start=True, end=False)]
+    for i in range(tokens):
+        row = engine.step(step).logits[0]
+        logits.append(row)
+        ids.append(int(row.argmax()))
+        step = [StepRequest("p", [forced[i] if forced else ids[-1]], start=False, end=False)]
+    engine.release("p")
+    return ids, logits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "precision.json")
+    args = parser.parse_args()
+    fp32 = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
+    bf16 = load_decoder(args.artifacts, backend="torch", dtype="bf16", max_slots=1)
+    agree = total = 0
+    rows = []
+    for prompt in prompts(args.artifacts):
+        reference, reference_logits = greedy(fp32, prompt, args.tokens)
+        forced, forced_logits = greedy(bf16, prompt, args.tokens, forced=reference)
+        free, _ = greedy(bf16, prompt, args.tokens)
+        same = sum(a == b for a, b in zip(reference, forced))
+        agree, total = agree + same, total + len(reference)
+        diverges = next((i for i, (a, b) in enumerate(zip(reference, free)) if a != b), None)
+        gap = max(float((a - b).abs().max()) for a, b in zip(reference_logits, forced_logits))
+        rows.append({"prompt_tokens": len(prompt), "top1_agree": same, "free_running_diverges_at": diverges,
+                     "max_logit_gap": round(gap, 3)})
+        print(f"  {same:>3}/{len(reference)} top-1 agree, free-running greedy "
+              f"{'identical' if diverges is None else f'leaves fp32 at token {diverges}'}, max |logit gap| {gap:.3f}")
+    result = {"prompts": len(rows), "tokens": args.tokens, "top1_agreement": agree / total, "rows": rows,
+              "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
+    print(f"bf16 vs fp32: top-1 agrees at {agree}/{total} positions ({agree / total:.1%}); free-running greedy "
+          f"identical for {result['identical_free_running']}/{len(rows)} prompts")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
