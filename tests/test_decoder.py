@@ -125,16 +125,24 @@ def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> No
 @pytest.mark.parametrize("requested, backend, flags, chosen", [
     ("auto", "torch", {"avx512f", "amx_bf16"}, "bf16"), ("auto", "torch", {"avx512_bf16"}, "bf16"),
     ("auto", "torch", {"avx2"}, "fp32"), ("auto", "onnxruntime", {"amx_bf16"}, "fp32"),
+    ("auto", "onnxruntime", {"avx512_vnni", "amx_int8"}, "fp32"), ("int8", "onnxruntime", set(), "int8"),
     ("fp32", "torch", {"amx_bf16"}, "fp32"), ("bf16", "torch", set(), "bf16")])
 def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) -> None:
     assert choose_dtype(requested, backend, flags) == chosen
 
 
 def test_bad_dtype_requests_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, got 'fp16'"):
+    with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, got 'fp16'"):
         choose_dtype("fp16", "torch", set())
-    with pytest.raises(ValueError, match="dtype bf16 needs backend torch"):
+    with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got onnxruntime"):
         choose_dtype("bf16", "onnxruntime", {"amx_bf16"})
+    with pytest.raises(ValueError, match="dtype int8 needs backend onnxruntime, got torch"):
+        choose_dtype("int8", "torch", {"amx_int8"})
+
+
+def test_int8_needs_its_build(artifacts: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="decoder.int8.onnx is missing: build with --int8"):
+        load_decoder(artifacts, backend="onnxruntime", dtype="int8")
 
 
 def test_bf16_engine_follows_fp32_through_its_cache(artifacts: Path) -> None:

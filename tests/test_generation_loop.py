@@ -382,3 +382,50 @@ def test_a_request_of_several_rows_is_split_and_checked(tokenizer):
     with pytest.raises(InvalidRequest, match="every input needs the batch size 2: max_tokens has 1"):
         service.prepare_batch({"text_input": np.array([[b"hi"], [b"there"]], dtype=object),
                                "max_tokens": np.array([[3]], dtype=np.int32)}, {})
+
+
+def test_chunked_prefill_interleaves_prompts_with_decoding(tokenizer):
+    """With 4 prompt tokens per step, a prompt arriving while another sequence decodes is sent in chunks
+    of at most 4 (the first starts the slot), the running sequence steps every time, the token sampled
+    after a partial chunk is dropped, and the result equals the unchunked one."""
+    prompt = tokenizer.encode(PROMPT)
+    assert len(prompt) > 4
+
+    def generate(prefill_tokens):
+        steps = ScriptedSteps({0: [5, 6, 7, 8, 9, 10, 11, 12], 1: [20, 21, 22]})
+        first, second = sequences(tokenizer, steps, count=2, max_tokens=8)
+        second.max_tokens = 3
+        scheduler = StepScheduler(steps.step, steps.release, prefill_tokens=prefill_tokens)
+
+        async def main():
+            one = asyncio.ensure_future(scheduler.run([first], lambda s, c: None))
+            while len(steps.batches) < 2:
+                await asyncio.sleep(0)
+            await scheduler.run([second], lambda s, c: None)
+            await one
+        asyncio.run(main())
+        return first, second, steps
+
+    first, second, steps = generate(4)
+    second_calls = [call for batch in steps.batches for call in batch if call.seq_id == second.seq_id]
+    chunks = -(-len(prompt) // 4)
+    assert [call.tokens for call in second_calls[:chunks]] == [prompt[i:i + 4] for i in range(0, len(prompt), 4)]
+    assert [call.start for call in second_calls[:chunks]] == [True] + [False] * (chunks - 1)
+    assert not any(call.end for call in second_calls[:chunks])
+    assert all(any(call.seq_id == first.seq_id for call in batch) for batch in steps.batches[:6])
+    assert second.ids == [20, 21, 22] and first.ids == [5, 6, 7, 8, 9, 10, 11, 12]
+    assert second.first_token_ns >= second.first_scheduled_ns
+    unchunked_first, unchunked_second, _ = generate(0)
+    assert (unchunked_first.ids, unchunked_second.ids) == (first.ids, second.ids)
+
+
+def test_chunked_prefill_budget_is_shared_first_come_first_served(tokenizer):
+    prompt = tokenizer.encode(PROMPT)
+    steps = ScriptedSteps({0: [5, 6], 1: [7, 8]})
+    seqs = sequences(tokenizer, steps, count=2, max_tokens=2)
+    asyncio.run(StepScheduler(steps.step, steps.release, prefill_tokens=len(prompt) + 1).run(seqs, lambda s, c: None))
+    first_step = {call.seq_id: call.tokens for call in steps.batches[0]}
+    assert first_step == {seqs[0].seq_id: prompt, seqs[1].seq_id: prompt[:1]}
+    assert [seq.ids for seq in seqs] == [[5, 6], [7, 8]]
+    with pytest.raises(ValueError, match="prefill_tokens must be >= 0"):
+        StepScheduler(steps.step, steps.release, prefill_tokens=-1)

@@ -17,7 +17,7 @@ from zerocheck.decoder.onnx_export import onnx_max_abs_diff
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifacts")
     options = BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=48,
-                           onnx=True, tokenizer_corpus_files=20)
+                           onnx=True, int8=True, tokenizer_corpus_files=20)
     build_artifacts(options, out)
     return out
 
@@ -50,6 +50,23 @@ def test_onnxruntime_engine_matches_torch_engine(artifacts: Path) -> None:
         assert torch_result.errors == ort_result.errors == [None] * len(requests)
         torch.testing.assert_close(ort_result.logits, torch_result.logits, atol=1e-4, rtol=0)
     assert engines[0].pool.in_use == engines[1].pool.in_use == 1  # only c is still running
+
+
+def test_int8_engine_follows_fp32(artifacts: Path) -> None:
+    """int8 weights (build --int8): the int8 graph, fp32 KV cache, logits near fp32's on a short sequence."""
+    engines = {dtype: load_decoder(artifacts, backend="onnxruntime", max_slots=1, dtype=dtype) for dtype in ("fp32", "int8")}
+    int8_graph = onnx.load(str(artifacts / "decoder.int8.onnx"), load_external_data=False).graph
+    assert any(node.op_type == "MatMulInteger" for node in int8_graph.node)
+    assert engines["int8"].dtype == "int8" and engines["int8"].pool.keys.dtype == torch.float32
+    logits = {dtype: engine.step([StepRequest("s", list(range(3, 19)), True, False)]).logits[0]
+              for dtype, engine in engines.items()}
+    scale = logits["fp32"].abs().max()
+    assert 0 < (logits["int8"] - logits["fp32"]).abs().max() < 0.1 * scale
+
+
+def test_int8_needs_onnx() -> None:
+    with pytest.raises(ValueError, match="--int8 quantizes the ONNX export"):
+        BuildOptions(onnx=False, int8=True)
 
 
 def test_default_backend_is_onnxruntime(artifacts: Path) -> None:

@@ -32,6 +32,15 @@ PLAIN = [
     "Once upon a time, in a small village,",
     "The three primary colors are",
     "import numpy as np\n\n# compute the mean of a list\n",
+    # longer than a step's prompt budget (prefill_tokens_per_step 128): prefilled in chunks
+    "Charles Babbage designed the Analytical Engine in the 1830s, a mechanical computer with a mill, a store "
+    "and punched cards for its programs. Ada Lovelace wrote notes on it that include an algorithm for "
+    "Bernoulli numbers, often called the first program. A century later, Alan Turing described a machine that "
+    "reads and writes symbols on a tape, and showed that one such machine can imitate any other. During the "
+    "Second World War, Colossus broke German ciphers at Bletchley Park, and ENIAC computed firing tables in "
+    "Pennsylvania. John von Neumann's report on EDVAC described a machine that keeps its program in the same "
+    "memory as its data. Transistors replaced vacuum tubes in the 1950s, integrated circuits followed in the "
+    "1960s, and the microprocessor put a whole processor on one chip in 1971. In short, the history of computing",
 ]
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -86,13 +95,13 @@ def reference(hf):
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def served(request, tritonserver_binary, artifacts, tmp_path_factory):
-    """(backend, server): the model repository with the decoder on `backend`, over the real model (the
-    session's `real_server` for onnxruntime, the default backend)."""
+    """(backend, server): the model repository with the decoder on `backend` in fp32, over the real model
+    (the session's `real_server` for onnxruntime, the default backend)."""
     if request.param == "onnxruntime":
         yield request.param, request.getfixturevalue("real_server")
         return
-    repository = conftest.copied_repository(tmp_path_factory.mktemp(request.param),
-                                            decoder={"backend": request.param})
+    repository = conftest.copied_repository(tmp_path_factory.mktemp(request.param),  # fp32: auto is bf16 on AMX
+                                            decoder={"backend": request.param, "dtype": "fp32"})
     server = TritonServer(repository, tritonserver=tritonserver_binary, env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
     server.start()
     try:
@@ -130,7 +139,7 @@ def test_greedy_matches_transformers_on_both_paths(served, reference, capsys):
             label = prompt if kind == "plain" else prompt[-1]["content"]
             report.append(f"{backend:12s} {path:10s} {kind:5s} {label[:40]!r:44s} "
                           + ("identical" if diff is None else f"first diff at {diff[0]}, logit gap {diff[1]:.4f}"))
-        assert identical >= 9, "\n".join(report)
+        assert identical >= len(PROMPTS) - 1, "\n".join(report)
     with capsys.disabled():
         print("\n" + "\n".join(report))
 

@@ -103,6 +103,7 @@ class TritonPythonModel:
                         max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
         self.metrics = GenerateMetrics(pb_utils)
         scheduler = StepScheduler(bls_step, bls_release, max_batch=config.get_int("max_step_batch", 64),
+                                  prefill_tokens=config.get_int("prefill_tokens_per_step", 128),
                                   on_cancel_freed=self.metrics.cancel_freed.observe)
         self.service = GenerateService(tokenizer, scheduler, limits, config.get_int("max_concurrent_sequences", 16),
                                        config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0),

@@ -21,9 +21,12 @@ from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
 ONNX_FILE = "decoder.onnx"
+ONNX_INT8_FILE = "decoder.int8.onnx"  # ONNX_FILE with int8 weights (dynamic quantization, build_engines.py)
 BACKENDS = ("torch", "onnxruntime")
-DEFAULT_BACKEND = "onnxruntime"  # faster than torch on the 2-core CPU, summed over batch 1/8/32 (benchmarks/decoder.py)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEFAULT_BACKEND = "onnxruntime"  # faster than torch fp32 and bf16 on the 2-core CPU at batch 1/8/32 (benchmarks/decoder.py)
+DTYPES = ("fp32", "bf16", "int8")  # weights; activations and KV cache are bf16 with bf16 weights, else fp32
+DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime",)}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # activations, KV cache
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU multiplies bfloat16 natively
 
 
@@ -37,14 +40,16 @@ def cpu_flags() -> set[str]:
 
 
 def choose_dtype(requested: str, backend: str, flags: set[str]) -> str:
-    """`requested` ("auto", "fp32" or "bf16") made concrete for `backend` on a CPU with `flags`: auto is
-    bf16 for the torch backend where the CPU has bf16 instructions (AMX or AVX512-BF16), else fp32."""
+    """`requested` ("auto" or one of DTYPES) made concrete for `backend` on a CPU with `flags`: auto is bf16
+    for the torch backend where the CPU has bf16 instructions (AMX or AVX512-BF16), else fp32. int8 is
+    never automatic: it is 1.8x faster but leaves fp32's greedy top-1 at 13% of positions
+    (benchmarks/precision.py), so only a config that asks for it gets it."""
     if requested not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
         return "bf16" if backend == "torch" and any(flag in flags for flag in BF16_CPU_FLAGS) else "fp32"
-    if requested == "bf16" and backend != "torch":
-        raise ValueError(f"dtype bf16 needs backend torch (the {backend} export is float32)")
+    if backend not in DTYPE_BACKENDS[requested]:
+        raise ValueError(f"dtype {requested} needs backend {' or '.join(DTYPE_BACKENDS[requested])}, got {backend}")
     return requested
 
 
@@ -225,17 +230,18 @@ def load_decoder(
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
-        step_fn = torch_step(load_transformer(model_dir, DTYPES[dtype]))
+        step_fn = torch_step(load_transformer(model_dir, TORCH_DTYPES[dtype]))
     else:
-        onnx_path = root / ONNX_FILE
+        onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
         if not onnx_path.is_file():
-            raise FileNotFoundError(f"{onnx_path} is missing: build with --onnx or use backend='torch'")
+            flag = "--int8" if dtype == "int8" else "--onnx"
+            raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
     max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
     if config.sliding_window is not None and max_seq_len > config.sliding_window:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
-                       dtype=DTYPES[dtype])
+                       dtype=TORCH_DTYPES[dtype])
     print(f"decoder ({backend}, {dtype}): {pool.describe()}")
     return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token)

@@ -72,3 +72,17 @@ def onnx_max_abs_diff(model: Transformer, path: Path) -> float:
         for expected, actual in zip(run_torch(*inputs), run_ort(*inputs)):
             worst = max(worst, float(np.abs(expected.numpy() - actual.numpy()).max()))
     return worst
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """`source` with every MatMul against a weight in int8 (per output channel), activations quantized on the
+    fly (onnxruntime's dynamic quantization: MatMulInteger, VNNI / AMX-int8 where the CPU has them)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantizer_log = logging.getLogger()  # "Please consider to run pre-processing before quantization"
+    level = quantizer_log.level
+    quantizer_log.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        quantizer_log.setLevel(level)

@@ -7,6 +7,11 @@ leaves when it ends, so the batch changes from step to step, as in TensorRT-LLM'
 batching. While a step runs, the scheduler streams the text of the step before and finishes the
 sequences that ended, so detokenizing and sending responses overlap the model's compute.
 
+Chunked prefill: a step carries at most `prefill_tokens` prompt tokens. Long prompts, or many that
+arrive together, are prefilled a chunk per step, first come first served, while the running
+sequences go on decoding in the same steps: an arriving prompt delays the others' next token by one
+bounded chunk, not by its whole prefill.
+
 The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
 is tested) without Triton; in the server they are BLS calls (generate/1/model.py). Everything runs
 on one asyncio event loop.
@@ -40,11 +45,15 @@ class _Entry:
 class StepScheduler:
     """One driver task per sampler path, alive while that path has sequences (see the module docstring)."""
 
-    def __init__(self, step: StepBatch, release: Release, max_batch: int = 64,
+    def __init__(self, step: StepBatch, release: Release, max_batch: int = 64, prefill_tokens: int = 0,
                  on_cancel_freed: Callable[[float], None] = lambda seconds: None) -> None:
-        """on_cancel_freed: called with the seconds from seeing a sequence's cancellation (at the start of
+        """prefill_tokens: prompt tokens per step (0: no limit, every prompt in one step).
+        on_cancel_freed: called with the seconds from seeing a sequence's cancellation (at the start of
         an iteration) to its KV slot freed."""
+        if prefill_tokens < 0:
+            raise ValueError(f"prefill_tokens must be >= 0, got {prefill_tokens}")
         self._step, self._release, self.max_batch = step, release, max_batch
+        self.prefill_tokens = prefill_tokens
         self.on_cancel_freed = on_cancel_freed
         self._arrived: dict[str, list[_Entry]] = {}
         self._drivers: dict[str, asyncio.Task] = {}
@@ -71,7 +80,7 @@ class StepScheduler:
                     if not entry.seq.done and entry.seq.cancelled():
                         entry.seq.cancel()
                 running = [entry for entry in active if not entry.seq.done]
-                calls = [entry.seq.next_call() for entry in running]
+                stepping_entries, calls = self._plan(running)
                 stepping = asyncio.ensure_future(self._step_all(path, calls)) if calls else None
                 if stepping is not None:
                     await asyncio.sleep(0)  # the step task runs to its model call before the sends below
@@ -85,7 +94,7 @@ class StepScheduler:
                         return
                     continue
                 progressed = False
-                for entry, call, outcome in zip(running, calls, await stepping):
+                for entry, call, outcome in zip(stepping_entries, calls, await stepping):
                     if entry.seq.done:  # failed while the step ran (its response could not be sent)
                         continue
                     if isinstance(outcome, Overloaded) and call.start:
@@ -105,6 +114,22 @@ class StepScheduler:
             raise
         finally:
             del self._drivers[path]
+
+    def _plan(self, running: list[_Entry]) -> tuple[list[_Entry], list[StepCall]]:
+        """This step's rows: every decoding sequence, and prompt chunks within the prefill budget, in
+        arrival order (a prefilling sequence past the budget sits this step out)."""
+        budget = self.prefill_tokens or None
+        entries, calls = [], []
+        for entry in running:
+            if entry.seq.prefill_left and budget is not None:
+                if budget == 0:
+                    continue
+                calls.append(entry.seq.next_call(budget))
+                budget -= len(calls[-1].tokens)
+            else:
+                calls.append(entry.seq.next_call())
+            entries.append(entry)
+        return entries, calls
 
     async def _step_all(self, path: str, calls: list[StepCall]) -> list[StepOutput | Exception]:
         """Every call, in batches of at most max_batch rows sent together; a batch that fails as a

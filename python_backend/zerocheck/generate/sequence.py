@@ -1,8 +1,9 @@
 """One sequence's generation, as a state machine the step scheduler drives.
 
-`Sequence.next_call()` says which decode step the sequence needs next (prefill with the prompt,
-then the last sampled token); `accept(StepOutput)` applies a sampled token: append, stop at
-end_id / a stop word / max_tokens, or stream. Detokenization is incremental (multi-byte characters
+`Sequence.next_call()` says which decode step the sequence needs next (prefill with the prompt, or
+the next chunk of it when the scheduler limits a step's prompt tokens, then the last sampled token);
+`accept(StepOutput)` applies a sampled token: append, stop at end_id / a stop word / max_tokens, or
+stream (the token sampled after a prompt chunk that is not the last is dropped). Detokenization is incremental (multi-byte characters
 never split) and done when a chunk is taken, off the path between two steps.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ _seeds = random.Random()  # seeded from os.urandom at import
 
 @dataclass(frozen=True)
 class StepCall:
-    """One decode step of one sequence. tokens: the prompt on the first step, else the last token.
-    history: prompt + generated ids when penalties or bad words need them, else None."""
+    """One decode step of one sequence. tokens: the prompt (or its next chunk) until it is prefilled,
+    then the last token. history: prompt + generated ids when penalties or bad words need them, else None."""
 
     seq_id: str
     tokens: list[int]
@@ -143,6 +144,8 @@ class Sequence:
         self.finish: str | None = None if self.max_tokens > 0 else "length"
         self.error: Exception | None = None
         self.started = False  # a step was sent: the decoder may hold a KV slot for it
+        self.prefilled = 0  # prompt tokens the decoder has cached
+        self._chunk = 0  # prompt tokens in the step sent, when it is a prompt chunk
         self.deferred_since = 0.0  # time.monotonic() of the first prefill refused for want of a slot
         self.cancelled_at = 0.0  # time.monotonic() when its cancellation was seen
         self.max_wait_s = max_wait_s
@@ -165,12 +168,24 @@ class Sequence:
         """Whether the decoder may still hold a KV cache slot for this sequence (release it when done)."""
         return self.started and not self.released
 
-    def next_call(self) -> StepCall:
+    @property
+    def prefill_left(self) -> int:
+        """Prompt tokens not yet sent to the decoder."""
+        return len(self.prompt_ids) - self.prefilled
+
+    def next_call(self, max_prompt_tokens: int | None = None) -> StepCall:
+        """The next step; while prefilling, at most `max_prompt_tokens` of the prompt (None: all of it)."""
         step = len(self.ids)
+        start = self.prefilled == 0
         self.started = True
         self.first_scheduled_ns = self.first_scheduled_ns or time.time_ns()
-        self._sent_end = step == self.max_tokens - 1
-        return StepCall(seq_id=self.seq_id, tokens=self.prompt_ids if step == 0 else self.ids[-1:], start=step == 0,
+        if self.prefill_left:
+            self._chunk = self.prefill_left if max_prompt_tokens is None else min(max_prompt_tokens, self.prefill_left)
+            tokens = self.prompt_ids[self.prefilled:self.prefilled + self._chunk]
+        else:
+            self._chunk, tokens = 0, self.ids[-1:]
+        self._sent_end = step == self.max_tokens - 1 and self._chunk == self.prefill_left
+        return StepCall(seq_id=self.seq_id, tokens=tokens, start=start,
                         end=self._sent_end,
                         sampling=self._min_tokens_sampling if step < self.request.min_tokens else self.sampling,
                         history=self.prompt_ids + self.ids if self.needs_history else None, step=step,
@@ -178,6 +193,11 @@ class Sequence:
 
     def accept(self, out: StepOutput) -> None:
         """Apply the sampled token of the step `next_call` asked for."""
+        self.prefilled += self._chunk
+        if self._chunk and self.prefill_left:  # a prompt chunk, not the last: nothing to sample yet
+            self._chunk = 0
+            return
+        self._chunk = 0
         self.released = self._sent_end
         self.last_token_ns = time.time_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
@@ -202,7 +222,7 @@ class Sequence:
         """The decoder had no KV slot for this sequence's prefill (every slot is taken, or one that
         ended is still being freed): it holds none, and the prefill goes again at the next step. After
         `max_wait_s` of that, the sequence fails with the refusal."""
-        self.started = False
+        self.started, self.prefilled, self._chunk = False, 0, 0
         now = time.monotonic()
         self.deferred_since = self.deferred_since or now
         if now - self.deferred_since > self.max_wait_s:
