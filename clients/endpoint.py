@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}

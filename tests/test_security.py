@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 import conftest
 from generate_calls import grpc_generate
 from zerocheck.serve import TritonServer, cli
-from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
 KEY = conftest.ADMIN_KEY
 ECHO_REPOSITORY = Path(__file__).parent / "fixtures" / "echo_repository"

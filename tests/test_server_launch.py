@@ -18,7 +18,8 @@ import tritonclient.http as httpclient
 import zerocheck
 
 from zerocheck.serve import TritonServer, TritonServerError, cli
-from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, port_is_free
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.serve.server import port_is_free
 from zerocheck.serve.shm import SHM_DIR
 
 ECHO_REPOSITORY = Path(__file__).parent / "fixtures" / "echo_repository"

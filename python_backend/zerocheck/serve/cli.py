@@ -14,7 +14,8 @@ import zerocheck
 from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
 from zerocheck.frontend.cli import add_limit_arguments, limits_of
-from zerocheck.serve.server import API_KEY_HEADER, GRPC_API_KEY_HEADER, RESTRICTED_APIS, TritonServerError
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.serve.server import RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
 
 REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import psutil
 
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
 from zerocheck.serve.binary import find_tritonserver, prepare_backend_dir, server_environment
 from zerocheck.serve.shm import live_stub_regions, remove_regions, server_processes
 
-API_KEY_HEADER = "admin-key"
-# gRPC clients send the key as metadata `triton-grpc-protocol-<header>` (Triton adds the prefix).
-GRPC_API_KEY_HEADER = f"triton-grpc-protocol-{API_KEY_HEADER}"
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 HEADER_FORWARD_PATTERN = "zerocheck.*"
 # error lines Triton prints on any CPU-only machine; left out of failure messages
