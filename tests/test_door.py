@@ -49,6 +49,9 @@ def door() -> Iterator[Door]:
     async def upstream(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         state.seen.append((request.method, request.path_qs, len(body), dict(request.headers)))
+        if request.path in state.answers:
+            status, canned = state.answers[request.path]
+            return web.Response(status=status, body=canned, content_type="application/json")
         if request.path.endswith("/generate_stream"):  # three events, 0.3 s apart
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
@@ -57,9 +60,6 @@ def door() -> Iterator[Door]:
                 await asyncio.sleep(0.3)
             await response.write_eof()
             return response
-        if request.path in state.answers:
-            status, canned = state.answers[request.path]
-            return web.Response(status=status, body=canned, content_type="application/json")
         return web.json_response({"echo": len(body)})
 
     async def main() -> None:
@@ -181,6 +181,11 @@ def test_an_overload_is_429_with_retry_after(door):
     assert overloaded.status_code == 429 and overloaded.headers["Retry-After"] == "1"
     assert overloaded.json() == {"error": "RESOURCE_EXHAUSTED: overloaded; retry later"}
     assert requests.post(f"{door.url}/v2/models/other/generate", data=b"{}", timeout=10).status_code == 503
+    door.answers["/v2/models/busy/generate_stream"] = (
+        400, b'data: {"error":"RESOURCE_EXHAUSTED: overloaded: 16/16 sequences active; retry later"}\n\n')
+    streamed = requests.post(f"{door.url}/v2/models/busy/generate_stream", data=b"{}", timeout=10)
+    assert streamed.status_code == 429 and streamed.headers["Retry-After"] == "1"
+    assert streamed.json() == {"error": "RESOURCE_EXHAUSTED: overloaded: 16/16 sequences active; retry later"}
 
 
 # -- part 2: the real stack -----------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ no flag to cap it. The door reads each body itself under a limit (413 with a JSO
 time limit (408), and only then forwards the request to Triton with the same method, path, query,
 headers and body; the answer comes back as Triton gave it, streamed (`generate_stream` SSE passes
 through chunk by chunk). Triton keeps enforcing its restricted-API keys. One change: an overload
-(an error whose message starts `RESOURCE_EXHAUSTED:`, which a Python model can only raise as 503)
-is answered 429 with `Retry-After`.
+(an error whose message starts `RESOURCE_EXHAUSTED:`, which Triton answers 503, or 400 from
+`generate_stream`) is answered 429 with `Retry-After` and a JSON body `{"error": message}`.
 """
 from __future__ import annotations
 
@@ -88,11 +88,19 @@ class TritonDoor:
             return response
 
     def _error(self, status: int, body: bytes, headers: dict[str, str]) -> web.Response:
+        """Triton's error answer, passed on; an overload becomes 429 with Retry-After and a JSON body
+        (`generate_stream` sends its error as one SSE event, `data: {"error": ...}`, with status 400)."""
+        text = body.decode("utf-8", errors="replace").strip()
+        if text.startswith("data:"):
+            text = text[len("data:"):].strip()
         try:
-            message = str(json.loads(body).get("error", ""))
+            message = str(json.loads(text).get("error", ""))
         except (ValueError, AttributeError):
             message = ""
         if message.startswith("RESOURCE_EXHAUSTED:"):
             status, headers = 429, {**headers, "Retry-After": str(RETRY_AFTER_S)}
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-length")}
+            self.metrics.answered("door", status)
+            return web.json_response({"error": message}, status=status, headers=headers)
         self.metrics.answered("door", status)
         return web.Response(status=status, body=body, headers=headers)

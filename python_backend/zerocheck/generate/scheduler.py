@@ -80,14 +80,15 @@ class StepScheduler:
                     if not entry.seq.done and entry.seq.cancelled():
                         entry.seq.cancel()
                 running = [entry for entry in active if not entry.seq.done]
+                ended = [entry for entry in active if entry.seq.done]  # before this step, so none is in it
+                self._release_slots(ended)  # its call goes out before the step's: the decoder frees them first
                 stepping_entries, calls = self._plan(running)
                 stepping = asyncio.ensure_future(self._step_all(path, calls)) if calls else None
                 if stepping is not None:
                     await asyncio.sleep(0)  # the step task runs to its model call before the sends below
                 for entry in active:  # while the step runs
                     self._deliver(entry)
-                stepped = {id(entry) for entry in running}  # ended before this step, so none is in it
-                self._end([entry for entry in active if id(entry) not in stepped])
+                self._resolve(ended)
                 active = running
                 if stepping is None:
                     if not self._arrived.get(path):
@@ -163,11 +164,19 @@ class StepScheduler:
 
     def _end(self, ended: list[_Entry]) -> None:
         """Free the KV slots the ended sequences may hold (in the background) and resolve them."""
+        self._release_slots(ended)
+        self._resolve(ended)
+
+    def _release_slots(self, ended: list[_Entry]) -> None:
+        """Free, in the background, the KV slots the ended sequences may still hold."""
         holding = [entry.seq for entry in ended if entry.seq.holds_slot]
         if holding:
             task = asyncio.ensure_future(self._release_quietly(holding))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _resolve(ended: list[_Entry]) -> None:
         for entry in ended:
             if not entry.ended.done():
                 entry.ended.set_result(None)
