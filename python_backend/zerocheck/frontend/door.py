@@ -6,8 +6,9 @@ no flag to cap it. The door reads each body itself under a limit (413 with a JSO
 time limit (408), and only then forwards the request to Triton with the same method, path, query,
 headers and body; the answer comes back as Triton gave it, streamed (`generate_stream` SSE passes
 through chunk by chunk). Triton keeps enforcing its restricted-API keys. One change: an overload
-(an error whose message starts `RESOURCE_EXHAUSTED:`, which Triton answers 503, or 400 from
-`generate_stream`) is answered 429 with `Retry-After` and a JSON body `{"error": message}`.
+(an error whose message starts `RESOURCE_EXHAUSTED:`, which Triton answers 400 at `generate` and
+`generate_stream`, as an SSE error event there, and 503 at `infer`) is answered 429 with
+`Retry-After` and a JSON body `{"error": message}`.
 """
 from __future__ import annotations
 
