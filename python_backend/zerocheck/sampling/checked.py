@@ -57,9 +57,11 @@ def penalize(x: torch.Tensor, batch: SamplingBatch, params: Sequence[SamplingPar
     if batch.bias is not None:
         x.index_put_(batch.bias[:2], batch.bias[2], accumulate=True)
     if history is not None and any(p.has_penalties for p in params):
-        repetition_penalty(x, history, torch.tensor([p.repetition_penalty for p in params]))
-        presence_frequency_penalty(x, history, torch.tensor([p.presence_penalty for p in params]),
-                                   torch.tensor([p.frequency_penalty for p in params]))
+        def column(name: str) -> torch.Tensor:  # on the logits' device: CUDA rows index and scale with it
+            return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=x.device)
+
+        repetition_penalty(x, history, column("repetition_penalty"))
+        presence_frequency_penalty(x, history, column("presence_penalty"), column("frequency_penalty"))
     if batch.banned is not None:
         x[batch.banned] = -math.inf
     masked = (x.amax(-1) == -math.inf).nonzero().flatten()
