@@ -50,11 +50,12 @@ def greedy(engine, prompt: list[int], tokens: int, forced: list[int] | None = No
     return ids, logits
 
 
-def compare(reference_engine, engine, all_prompts: list[list[int]], tokens: int) -> dict:
+def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_prompts: list[list[int]],
+            tokens: int) -> dict:
+    """`engine` against the fp32 greedy `references` (ids and logits per prompt)."""
     agree = total = 0
     rows = []
-    for prompt in all_prompts:
-        reference, reference_logits = greedy(reference_engine, prompt, tokens)
+    for prompt, (reference, reference_logits) in zip(all_prompts, references):
         forced, forced_logits = greedy(engine, prompt, tokens, forced=reference)
         free, _ = greedy(engine, prompt, tokens)
         same = sum(a == b for a, b in zip(reference, forced))
@@ -78,11 +79,12 @@ def main() -> None:
     args = parser.parse_args()
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
     all_prompts = prompts(args.artifacts)
+    references = [greedy(reference, prompt, args.tokens) for prompt in all_prompts]  # once for every variant
     results = {}
     for variant in args.variants:
         backend, dtype = variant.split(":")
         print(f"{variant} vs torch:fp32")
-        result = compare(reference, load_decoder(args.artifacts, backend=backend, dtype=dtype, max_slots=1),
+        result = compare(references, load_decoder(args.artifacts, backend=backend, dtype=dtype, max_slots=1),
                          all_prompts, args.tokens)
         agree = result["top1_agreement"]
         print(f"{variant} vs fp32: top-1 agrees at {agree:.1%} of {len(all_prompts) * args.tokens} positions; "

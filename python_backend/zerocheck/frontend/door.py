@@ -99,9 +99,8 @@ class TritonDoor:
         except (ValueError, AttributeError):
             message = ""
         if message.startswith("RESOURCE_EXHAUSTED:"):
-            status, headers = 429, {**headers, "Retry-After": str(RETRY_AFTER_S)}
-            headers = {k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-length")}
-            self.metrics.answered("door", status)
-            return web.json_response({"error": message}, status=status, headers=headers)
+            status, body = 429, json.dumps({"error": message}).encode()
+            headers = {**{k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-length")},
+                       "Content-Type": "application/json", "Retry-After": str(RETRY_AFTER_S)}
         self.metrics.answered("door", status)
         return web.Response(status=status, body=body, headers=headers)

@@ -193,11 +193,10 @@ class Sequence:
 
     def accept(self, out: StepOutput) -> None:
         """Apply the sampled token of the step `next_call` asked for."""
-        self.prefilled += self._chunk
-        if self._chunk and self.prefill_left:  # a prompt chunk, not the last: nothing to sample yet
-            self._chunk = 0
+        chunk, self._chunk = self._chunk, 0
+        self.prefilled += chunk
+        if chunk and self.prefill_left:  # a prompt chunk, not the last: nothing to sample yet
             return
-        self._chunk = 0
         self.released = self._sent_end
         self.last_token_ns = time.time_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
