@@ -15,7 +15,7 @@ from zerocheck.clients.errors import Cancelled
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.clients.response import GenerateResult, TokenEvent
 from zerocheck.clients.settings import ClientSettings
-from zerocheck.serving.inputs import RETRY_UNAVAILABLE
+from zerocheck.api.request import RETRY_UNAVAILABLE
 
 
 class AsyncClient(ClientSettings):

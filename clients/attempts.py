@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from zerocheck.clients.errors import Timeout, ZerocheckError
-from zerocheck.serving.inputs import SLOW_RESPONSE
+from zerocheck.api.request import SLOW_RESPONSE
 from zerocheck.clients.response import Chunk, ResultBuilder, TokenEvent
 
 DEFAULT_HEDGE_AFTER_S = 0.3

@@ -13,7 +13,7 @@ from zerocheck.clients.http_transport import HttpAttempt
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.clients.response import GenerateResult, TokenEvent
 from zerocheck.clients.settings import ClientSettings
-from zerocheck.serving.inputs import RETRY_UNAVAILABLE
+from zerocheck.api.request import RETRY_UNAVAILABLE
 
 TRANSPORTS = {"grpc": GrpcAttempt, "http": HttpAttempt}
 

@@ -1,6 +1,6 @@
 """`GenerateRequest`: one generate call, validated for names once, encoded for gRPC or HTTP.
 
-Input names and dtypes come from the server's table (`zerocheck.serving.inputs.GENERATE_INPUTS`),
+Input names and dtypes come from the server's table (`zerocheck.api.request.GENERATE_INPUTS`),
 sampling knobs from `zerocheck.sampling.SAMPLING_PARAMETERS`; value ranges are left to the server,
 so its message reaches the caller unchanged.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.inputs import INPUTS_BY_NAME, word_list_element
+from zerocheck.api.request import INPUTS_BY_NAME, word_list_element
 
 SAMPLING_NAMES = tuple(spec.name for spec in SAMPLING_PARAMETERS)
 _NUMPY_OF = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64,

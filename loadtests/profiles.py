@@ -13,7 +13,7 @@ import yaml
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 MAX_USERS = 1024
 MAX_DURATION_S = 24 * 3600
-# Triton dtypes of the sampling inputs a profile may set (as in zerocheck.serving.inputs.GENERATE_INPUTS,
+# Triton dtypes of the sampling inputs a profile may set (as in zerocheck.api.request.GENERATE_INPUTS,
 # not imported here: it pulls in torch)
 SAMPLING_DTYPES = {"temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "min_p": "FP32",
                    "repetition_penalty": "FP32", "presence_penalty": "FP32", "frequency_penalty": "FP32",

@@ -76,7 +76,7 @@ class FilePrompts:
 
 def artifacts_dir() -> Path:
     """$ZEROCHECK_ARTIFACTS, else artifacts/ beside the model repository (what `zerocheck serve` serves)."""
-    from zerocheck.serving.triton import REPO_ROOT
+    from zerocheck import REPO_ROOT
 
     return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or REPO_ROOT / "artifacts")
 

@@ -6,12 +6,12 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from zerocheck.api.sampler_path import SamplerPath
 from zerocheck.loadtests.profiles import Profile
 from zerocheck.loadtests.prompts import PromptSource, draw_length
 
-ZERO_CHECK, CHECKED = "zero_check", "checked"
-SWITCH_OF_PATH = {ZERO_CHECK: "on", CHECKED: "off"}
-PATHS_OF_OPTION = {"on": (ZERO_CHECK,), "off": (CHECKED,), "ab": (ZERO_CHECK, CHECKED)}
+SWITCH_OF_PATH = {SamplerPath.ZERO_CHECK: "on", SamplerPath.CHECKED: "off"}
+PATHS_OF_OPTION = {"on": (SamplerPath.ZERO_CHECK,), "off": (SamplerPath.CHECKED,), "ab": (SamplerPath.ZERO_CHECK, SamplerPath.CHECKED)}
 
 
 @dataclass(frozen=True)

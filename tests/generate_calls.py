@@ -13,7 +13,7 @@ import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
 
-from zerocheck.serving.inputs import INPUTS_BY_NAME
+from zerocheck.api.request import INPUTS_BY_NAME
 
 _NUMPY = {"TYPE_STRING": object, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_BOOL": bool,
           "TYPE_UINT64": np.uint64, "TYPE_FP16": np.float16}

@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from generate_calls import grpc_generate, http_generate
-from zerocheck.serving.inputs import INPUTS_BY_NAME
+from zerocheck.api.request import INPUTS_BY_NAME
 
 PROMPT = "def fibonacci(n):"
 V = 600  # vocabulary of the test artifacts
@@ -173,6 +173,11 @@ CASES = [
     Case("decoder_prompt_too_long", "grpc", "decoder", step([5] * 300), INV, "would reach 300 tokens, max_seq_len is 256"),
     Case("decoder_wrong_dtype", "grpc", "decoder", step([5], dtype=np.float32), INV,
          "'input_ids' data-type is 'FP32', but model 'decoder' expects 'INT32'"),
+    Case("decoder_registration_bad_knob", "grpc", "decoder", {**step([5]), "temperature": s(-1.0, np.float32)}, INV,
+         "temperature must be in [0, inf), got -1.0"),
+    Case("decoder_end_ids_outside_vocab", "grpc", "decoder",
+         {**step([5]), "min_tokens": s(2, np.int32), "end_ids": ids([700])}, INV,
+         "end_ids must hold token ids in [0, 600), got 700"),
     Case("decoder_missing_input", "grpc", "decoder", {k: v for k, v in step([5]).items() if k != "sequence_end"}, INV,
          "missing required input(s) ['sequence_end']"),
     # -- the zero-check sampler -------------------------------------------------------------------------------

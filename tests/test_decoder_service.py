@@ -1,18 +1,23 @@
-"""The decoder model's logic without Triton: the zero-check sampler fused after the forward, per-row errors."""
+"""The decoder model's logic without Triton: the sequence table (sampling registered once, history kept
+with the KV slot), the zero-check sampler fused after the forward, the checked chain's exports, per-row errors."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import StepRequest, load_decoder
+from zerocheck.decoder.service import DecoderService, StepRows
 from zerocheck.sampling import SamplingParams, ZeroCheckSampler
 from zerocheck.sampling.cuda_graph import make_sampler
-from zerocheck.serving.decoder_service import DecoderService, StepRows, parse_step_rows
-from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
-from zerocheck.serving.sampler_inputs import SamplerRow
+from zerocheck.wire.sampling import parse_sampler_rows
+from zerocheck.wire.step import Registration, StepRow, parse_step
+
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -28,35 +33,114 @@ def service(artifacts: Path, max_slots: int = 8) -> DecoderService:
     return DecoderService(engine, make_sampler(engine.vocab_size, 8, "cpu"))
 
 
-def row(params: SamplingParams, step: int = 0) -> SamplerRow:
-    return SamplerRow(params, [], step)
+def start(seq_id: str, tokens: list[int], params: SamplingParams = GREEDY, **registration) -> StepRow:
+    return StepRow(seq_id, tokens, True, False, Registration(params, **registration))
+
+
+def then(seq_id: str, tokens: list[int], end: bool = False) -> StepRow:
+    return StepRow(seq_id, tokens, False, end)
+
+
+def tokens(answer) -> list[int]:
+    return answer.outputs["output_id"].reshape(-1).tolist()
 
 
 def test_sampled_tokens_are_the_samplers_tokens_on_the_same_logits(artifacts: Path) -> None:
     fused, reference = service(artifacts), service(artifacts)
-    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=20, top_p=0.9, seed=3)]
-    steps = [StepRequest("a", [1, 2, 3], True, False), StepRequest("b", [4, 5], True, False)]
-    (answer,) = fused.run([StepRows(steps, [row(p) for p in params], want_logits=False)])
-    logits = reference.engine.step(steps).logits
+    params = [GREEDY, SamplingParams(top_k=20, top_p=0.9, seed=3)]
+    rows = [start("a", [1, 2, 3], params[0]), start("b", [4, 5], params[1])]
+    (answer,) = fused.run([StepRows(rows, want_token=True, want_logits=False)])
+    logits = reference.engine.step([StepRequest(r.seq_id, r.tokens, True, False) for r in rows]).logits
     expected = ZeroCheckSampler().sample(logits, params, [[], []], [0, 0]).tokens
-    assert answer.outputs["output_id"].reshape(-1).tolist() == expected.tolist()
+    assert tokens(answer) == expected.tolist()
     assert "logits" not in answer.outputs and answer.errors == [None, None]
     assert fused.forward_s > 0 and fused.sample_s > 0
+
+
+def test_registered_sampling_and_history_serve_every_later_step(artifacts: Path) -> None:
+    """Steps after the first carry one id; the draw is the sampler's with the full history (prompt +
+    generated), the registered params and the step count, as if each step had sent them all."""
+    params = SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.3, presence_penalty=0.5,
+                            frequency_penalty=0.25, bad_words=((7, 8), (9,)), seed=5)
+    svc, reference = service(artifacts), service(artifacts)
+    prompt = [3, 7, 3, 11]
+    (answer,) = svc.run([StepRows([start("s", prompt, params)], want_token=True)])
+    history, drawn = list(prompt), tokens(answer)
+    expected = ZeroCheckSampler().sample(reference.engine.step([StepRequest("s", prompt, True, False)]).logits,
+                                         [params], [history], [0]).tokens.tolist()
+    assert drawn == expected
+    for step in range(1, 6):
+        (answer,) = svc.run([StepRows([then("s", drawn)], want_token=True)])
+        history += drawn
+        logits = reference.engine.step([StepRequest("s", drawn, False, False)]).logits
+        expected = ZeroCheckSampler().sample(logits, [params], [history], [step]).tokens.tolist()
+        drawn = tokens(answer)
+        assert drawn == expected, step
+    assert list(svc.table.get("s").history) == history
+
+
+def test_min_tokens_bans_the_end_ids_until_then(artifacts: Path) -> None:
+    svc = service(artifacts)
+    probe = service(artifacts)
+    (first,) = probe.run([StepRows([start("p", [1, 2])], want_token=True)])
+    end = tokens(first)[0]  # the greedy token: made an end id, it must not come before min_tokens
+    (answer,) = svc.run([StepRows([start("s", [1, 2], min_tokens=1, end_ids=(end,))], want_token=True)])
+    assert tokens(answer) != [end]
+    state = svc.table.get("s")
+    assert (end,) in state.sampling.bad_words
+    svc.run([StepRows([then("s", tokens(answer))], want_token=True)])
+    assert state.step == 1 and state.sampling is state.params  # min_tokens reached: end ids allowed again
+
+
+def test_prompt_chunks_sample_nothing_until_the_prompt_is_in(artifacts: Path) -> None:
+    svc = service(artifacts)
+    (first,) = svc.run([StepRows([start("s", [1, 2, 3], prompt_length=5)], want_token=True)])
+    assert tokens(first) == [-1] and first.errors == [None]
+    (last,) = svc.run([StepRows([then("s", [4, 5])], want_token=True)])
+    assert tokens(last)[0] >= 0 and svc.table.get("s").step == 0
+
+
+def test_the_entry_goes_with_the_kv_slot(artifacts: Path) -> None:
+    svc = service(artifacts, max_slots=2)
+    svc.run([StepRows([start("a", [1]), start("b", [2]), start("c", [3])], want_token=True)])  # c: pool full
+    assert len(svc.table) == 2 and svc.table.get("c") is None
+    svc.run([StepRows([then("a", [4], end=True)], want_token=True)])  # the last step frees slot and entry
+    assert svc.table.get("a") is None
+    svc.run([StepRows([StepRow("b", [], False, True)])])  # release only
+    assert len(svc.table) == 0 and svc.engine.pool.in_use == 0
+    svc.run([StepRows([start("d", [1])], want_token=True)])
+    svc.engine.pool.reclaim_idle(now=float("inf"))
+    assert len(svc.table) == 0
+    (answer,) = svc.run([StepRows([StepRow("e", [1], True, True, Registration(GREEDY))], want_token=True)])
+    assert answer.errors == [None] and len(svc.table) == 0  # one-step sequence: started and ended at once
 
 
 def test_logits_and_tokens_per_request_and_rows_fail_alone(artifacts: Path) -> None:
     svc = service(artifacts, max_slots=2)
     requests = [
-        StepRows([StepRequest("ghost", [1], False, False), StepRequest("x", [7, 8], True, False)],
-                 [row(SamplingParams(temperature=0.0))] * 2, want_logits=False),
-        StepRows([StepRequest("y", [9], True, False)]),  # logits only (the checked chain samples elsewhere)
-        StepRows([StepRequest("z", [3], True, False)], [row(SamplingParams(temperature=0.0))], want_logits=False),
+        StepRows([then("ghost", [1]), start("x", [7, 8])], want_token=True, want_logits=False),
+        StepRows([start("y", [9])]),  # logits only (the checked chain samples elsewhere)
+        StepRows([start("z", [3])], want_token=True, want_logits=False),
     ]
     ghost, logits_only, full = svc.run(requests)
     assert isinstance(ghost.errors[0], InvalidRequest) and "holds no KV cache slot" in str(ghost.errors[0])
     assert ghost.errors[1] is None and ghost.outputs["output_id"].shape == (2, 1)
     assert logits_only.outputs["logits"].shape == (1, 512) and "output_id" not in logits_only.outputs
     assert isinstance(full.errors[0], Overloaded) and "KV cache pool full" in str(full.errors[0])
+
+
+def test_the_checked_chain_reads_the_registered_rows(artifacts: Path) -> None:
+    params = SamplingParams(temperature=0.75, top_p=0.875, repetition_penalty=1.25, bad_words=((4,),), seed=9,
+                            logit_bias=((5, 1.0),))  # values exact in float32, the wire's type
+    svc = service(artifacts)
+    names = ("temperature", "top_p", "random_seed", "step", "history", "bad_words", "logit_bias_ids",
+             "logit_bias_values", "repetition_penalty")
+    svc.run([StepRows([start("s", [1, 2], params), start("t", [3])], exports=names)])
+    (answer,) = svc.run([StepRows([then("s", [6]), then("t", [8])], exports=names)])
+    rows = parse_sampler_rows(answer.outputs, 2, 512)
+    assert rows[0].params == params
+    assert replace(rows[1].params, seed=None) == GREEDY and rows[1].params.seed is not None  # unseeded: a fresh seed
+    assert [r.history for r in rows] == [[1, 2, 6], []] and [r.step for r in rows] == [1, 1]
 
 
 def test_nan_logits_fail_their_row(artifacts: Path) -> None:
@@ -69,8 +153,7 @@ def test_nan_logits_fail_their_row(artifacts: Path) -> None:
             return ZeroCheckSampler().sample(x, params, history, step)
 
     svc.sampler = NanRowSampler()
-    (answer,) = svc.run([StepRows([StepRequest(s, [1], True, False) for s in "ab"],
-                                  [row(SamplingParams(temperature=0.0))] * 2, want_logits=False)])
+    (answer,) = svc.run([StepRows([start(s, [1]) for s in "ab"], want_token=True, want_logits=False)])
     assert answer.errors[0] is None and isinstance(answer.errors[1], InternalError)
     assert "logits contain NaN" in str(answer.errors[1])
 
@@ -79,6 +162,7 @@ def test_step_rows_strip_the_padding() -> None:
     arrays = {"sequence_id": np.array([[b"a"], [b"b"]], dtype=object),
               "input_ids": np.array([[1, 2, 3], [4, -1, -1]], np.int32),
               "sequence_start": np.array([[True], [False]]), "sequence_end": np.array([[False], [True]])}
-    assert parse_step_rows(arrays) == [StepRequest("a", [1, 2, 3], True, False), StepRequest("b", [4], False, True)]
+    assert parse_step(arrays) == [StepRow("a", [1, 2, 3], True, False, Registration(SamplingParams())),
+                                  StepRow("b", [4], False, True)]
     with pytest.raises(InvalidRequest, match=r"input_ids must be INT32 of shape \[2, N\]"):
-        parse_step_rows({**arrays, "input_ids": np.zeros((3, 1), np.int32)})
+        parse_step({**arrays, "input_ids": np.zeros((3, 1), np.int32)})

@@ -1,7 +1,7 @@
 """DeferredMetrics: per-step metric calls reach Triton batched, and exactly once at rest."""
 from __future__ import annotations
 
-from zerocheck.serving.metrics import DeferredMetrics
+from zerocheck.triton.metrics import DeferredMetrics
 
 
 class FakeMetric:

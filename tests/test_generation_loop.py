@@ -11,10 +11,12 @@ import pytest
 
 import conftest
 from zerocheck.generate.scheduler import StepScheduler
-from zerocheck.generate.sequence import CHECKED, ZERO_CHECK, Sequence, StepCall, StepOutput, choose_path
+from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.generate.sequence import Sequence, choose_path
+from zerocheck.wire.step import StepCall, StepOutput
 from zerocheck.generate.service import GenerateService
 from zerocheck.api.errors import InvalidRequest, Overloaded
-from zerocheck.serving.inputs import Limits, check_context, parse_generate_request, word_list_element
+from zerocheck.api.request import Limits, check_context, parse_generate_request, word_list_element
 from zerocheck.tokenizer import load_tokenizer
 
 PROMPT = "hello world"
@@ -41,6 +43,7 @@ class ScriptedSteps:
         self.batches: list[list[StepCall]] = []
         self.released: list[str] = []
         self.index_of: dict[str, int] = {}  # seq_id -> script key
+        self.sequences: dict[str, Sequence] = {}
 
     async def step(self, path: str, calls: list[StepCall]) -> list:
         self.batches.append(calls)
@@ -50,7 +53,7 @@ class ScriptedSteps:
         out = []
         for call in calls:
             script = self.scripts[self.index_of[call.seq_id]]
-            item = script[call.step]
+            item = script[len(self.sequences[call.seq_id].ids)]  # the step: tokens sampled so far
             out.append(item if isinstance(item, Exception) else StepOutput(item))
         return out
 
@@ -58,12 +61,13 @@ class ScriptedSteps:
         self.released += seq_ids
 
 
-def sequences(tokenizer, steps: ScriptedSteps, count=1, cancelled=lambda: False, path=ZERO_CHECK, **fields):
+def sequences(tokenizer, steps: ScriptedSteps, count=1, cancelled=lambda: False, path=SamplerPath.ZERO_CHECK, **fields):
     fields.setdefault("max_tokens", 16)  # GenerateService.prepare resolves a missing one; these tests skip it
     parsed = parse_generate_request(request(text_input=PROMPT, **fields), {})
     out = [Sequence(tokenizer, parsed, tokenizer.encode(PROMPT), path, 256, index, cancelled) for index in range(count)]
     for index, seq in enumerate(out):
         steps.index_of[seq.seq_id] = index
+        steps.sequences[seq.seq_id] = seq
     return out
 
 
@@ -104,10 +108,10 @@ def test_eos_stops_and_releases(tokenizer):
     assert steps.released == [seq.seq_id]
 
 
-def test_min_tokens_bans_end_id_until_reached(tokenizer):
+def test_min_tokens_and_the_end_ids_it_bans_are_registered(tokenizer):
     _, steps, _, _ = run(tokenizer, [5, 6, 7, 8], max_tokens=4, min_tokens=2)
-    banned = [((tokenizer.eos_id,) in c.sampling.bad_words) for c in calls_of(steps)]
-    assert banned == [True, True, False, False]
+    registration = calls_of(steps)[0].registration
+    assert registration.min_tokens == 2 and tokenizer.eos_id in registration.end_ids
 
 
 def test_stop_word_stops_after_it(tokenizer):
@@ -132,18 +136,18 @@ def test_cancellation_ends_within_one_step(tokenizer):
     assert len(freed) == 1 and 0 <= freed[0] < 1  # seen at a step's start, its slot freed right after
 
 
-def test_history_is_sent_only_when_needed(tokenizer):
-    _, plain, _, _ = run(tokenizer, [5, 6, 7], max_tokens=3)
-    assert all(c.history is None for c in calls_of(plain))
+def test_sampling_is_registered_once_and_later_steps_carry_one_id(tokenizer):
     _, penalised, _, _ = run(tokenizer, [5, 6, 7], max_tokens=3, repetition_penalty=1.2)
+    first, *later = calls_of(penalised)
     prompt = tokenizer.encode(PROMPT)
-    assert [c.history for c in calls_of(penalised)] == [prompt, prompt + [5], prompt + [5, 6]]
+    assert first.registration.params.repetition_penalty == 1.2 and first.registration.prompt_length == len(prompt)
+    assert [(c.registration, c.tokens) for c in later] == [(None, [5]), (None, [6])]
 
 
 def test_every_sequence_gets_a_seed(tokenizer):
     _, unseeded, _, _ = run(tokenizer, [5, 6], max_tokens=2)
-    seeds = {c.sampling.seed for c in calls_of(unseeded)}
-    assert len(seeds) == 1 and None not in seeds  # one noise stream per sequence, whatever its batch row
+    seed = calls_of(unseeded)[0].registration.params.seed
+    assert seed is not None  # one noise stream per sequence, whatever its batch row
     steps = ScriptedSteps({0: [5], 1: [5], 2: [5]})
     assert [s.sampling.seed for s in sequences(tokenizer, steps, count=3, random_seed=7)] == [7, 8, 9]
 
@@ -231,9 +235,9 @@ def test_batches_are_split_at_max_batch(tokenizer):
 
 def test_log_probs_degrade_to_the_checked_path():
     assert choose_path(parse_generate_request(request(text_input="x", return_log_probs=True), {})) == (
-        CHECKED, "return_log_probs")
-    assert choose_path(parse_generate_request(request(text_input="x"), {"zerocheck": "off"})) == (CHECKED, None)
-    assert choose_path(parse_generate_request(request(text_input="x"), {})) == (ZERO_CHECK, None)
+        SamplerPath.CHECKED, "return_log_probs")
+    assert choose_path(parse_generate_request(request(text_input="x"), {"zerocheck": "off"})) == (SamplerPath.CHECKED, None)
+    assert choose_path(parse_generate_request(request(text_input="x"), {})) == (SamplerPath.ZERO_CHECK, None)
 
 
 @pytest.mark.parametrize("fields, parameters, message", [
@@ -293,7 +297,7 @@ def test_logit_bias_ids_are_checked_and_reach_the_sampler(tokenizer):
     service = GenerateService(tokenizer, None, Limits(), max_active=1, max_queue=1)
     prepared = service.prepare({**request(text_input="x"), "logit_bias_ids": np.array([[5, 7]], np.int32),
                                 "logit_bias_values": np.array([[2.5, -100.0]], np.float32)}, {})
-    seq = Sequence(tokenizer, prepared.request, prepared.prompt_ids, ZERO_CHECK, 256)
+    seq = Sequence(tokenizer, prepared.request, prepared.prompt_ids, SamplerPath.ZERO_CHECK, 256)
     assert seq.sampling.logit_bias == ((5, 2.5), (7, -100.0))
     for ids, values, message in (([5], [1.0, 2.0], "logit_bias_ids has 1 ids but logit_bias_values has 2"),
                                  ([5], [101.0], "must be finite and in [-100, 100]"),

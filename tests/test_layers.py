@@ -1,14 +1,60 @@
-"""Imports follow the layers: the clients and the Triton-free API load without torch or the server's
-process tools (a client machine needs neither)."""
+"""Imports follow the layers: each package of zerocheck imports only the ones below it (the model.py
+adapters sit on top), and the clients, the Triton-free API and the step wire load without torch or the
+server's process tools (a client machine needs neither)."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python_backend" / "zerocheck"
+# package -> the packages it may import ("" is zerocheck itself: REPO_ROOT, __version__)
+ALLOWED = {
+    "tokenizer": set(),
+    "sampling": {"api"},  # the error types its parameters raise
+    "api": {"sampling", "tokenizer"},  # the request contract: sampling parameters, chat messages (both torch-free)
+    "wire": {"api", "sampling"},
+    "decoder": {"api", "sampling", "tokenizer", "wire"},
+    "generate": {"api", "sampling", "tokenizer", "wire"},
+    "triton": {"", "api", "sampling", "wire"},
+    "build": {"", "decoder", "tokenizer"},
+    "frontend": {"", "api", "clients", "tokenizer"},
+    "serve": {"", "api", "build", "frontend"},
+    "bench": {"", "clients", "serve"},
+}
 
 
-def test_clients_and_api_import_without_torch_or_the_server() -> None:
-    code = ("import sys, zerocheck.api, zerocheck.api.headers, zerocheck.clients; "
-            "print(sorted(m for m in ('torch', 'psutil', 'zerocheck.serve', 'zerocheck.decoder', 'zerocheck.generate') "
-            "if m in sys.modules))")
+def imported_packages(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else \
+            [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "zerocheck":
+                found.add(parts[1] if len(parts) > 1 else "")
+    return found
+
+
+def test_packages_import_only_the_layers_below() -> None:
+    wrong = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) == 1:
+            continue  # zerocheck/__init__.py and cli.py: the top
+        package = parts[0]
+        assert package in ALLOWED, f"{package}: a new package needs its place in ALLOWED"
+        extra = imported_packages(path) - ALLOWED[package] - {package}
+        if extra:
+            wrong[str(path.relative_to(PACKAGE))] = sorted(extra)
+    assert wrong == {}
+
+
+def test_clients_api_and_wire_import_without_torch_or_the_server() -> None:
+    code = ("import sys, zerocheck.api, zerocheck.api.headers, zerocheck.api.request, zerocheck.api.sampler_path, "
+            "zerocheck.clients, zerocheck.wire.step; "
+            "print(sorted(m for m in ('torch', 'psutil', 'zerocheck.serve', 'zerocheck.decoder', 'zerocheck.generate', "
+            "'zerocheck.triton') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"

@@ -63,7 +63,7 @@ def test_ab_alternates_paths_and_prompts_have_the_length() -> None:
 
 
 def test_sampling_dtypes_match_the_server_table() -> None:
-    from zerocheck.serving.inputs import INPUTS_BY_NAME
+    from zerocheck.api.request import INPUTS_BY_NAME
 
     for name, dtype in SAMPLING_DTYPES.items():
         assert INPUTS_BY_NAME[name].dtype == f"TYPE_{dtype}", name

@@ -1,17 +1,20 @@
 """The model repository's configs agree with the package's tables and with each other (no server)."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from zerocheck.sampling import SAMPLING_PARAMETERS
-from zerocheck.serving.inputs import GENERATE_INPUTS, TOKEN_INPUTS
-from zerocheck.serving.sampler_inputs import SCALARS
+from zerocheck.api.request import GENERATE_INPUTS, TOKEN_INPUTS
+from zerocheck.triton.config import (ConfigError, DecoderParameters, GenerateParameters, ModelConfig,
+                                     SamplerParameters, parameters)
+from zerocheck.wire.sampling import SAMPLER_INPUTS, TensorSpec
+from zerocheck.wire.step import DECODER_INPUTS, DECODER_OUTPUTS
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
-SAMPLER_MODELS = ("decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p", "multinomial")
+SAMPLER_MODELS = ("zero_check_sampler", "penalties", "softmax", "top_k_top_p", "multinomial", "checked_sampler")
 TENSOR = re.compile(r'\{\s*name:\s*"(\w+)"\s*data_type:\s*(\w+)\s*dims:\s*\[([^\]]*)\]([^}]*)\}')
 
 
@@ -62,12 +65,35 @@ def test_tensorrtllm_backend_outputs_exist():
     assert tokens <= set(tensors(config("tensorrt_llm"), "output"))
 
 
+def specs(text: str, section: str) -> list[TensorSpec]:
+    """The tensors of a config section as the wire's TensorSpecs."""
+    start = text.index(f"{section} [")
+    end = text.index("\n]", start)
+    return [TensorSpec(m[0], m[1], tuple(int(d) for d in m[2].split(",")), "optional: true" in m[3],
+                       "allow_ragged_batch: true" in m[3]) for m in TENSOR.findall(text[start:end])]
+
+
 @pytest.mark.parametrize("model", SAMPLER_MODELS)
-def test_sampler_models_take_every_sampling_input(model):
-    declared = tensors(config(model), "input")
-    assert set(SCALARS) | {"history", "bad_words", "logit_bias_ids", "logit_bias_values"} <= set(declared)
-    for spec in SAMPLING_PARAMETERS:
-        assert declared[spec.name][0] == {float: "TYPE_FP32", int: "TYPE_INT32"}[spec.kind]
+def test_sampler_models_declare_the_wires_sampling_inputs(model):
+    """zerocheck.wire.sampling.SAMPLER_INPUTS is the one table: names, dtypes, dims, optional, ragged."""
+    assert [spec for spec in specs(config(model), "input") if spec.optional] == list(SAMPLER_INPUTS)
+
+
+@pytest.mark.parametrize("model", ["decoder", "checked_step", "zero_check_step"])
+def test_step_models_declare_the_step_wire(model):
+    assert specs(config(model), "input") == list(DECODER_INPUTS)
+    if model == "decoder":
+        assert specs(config(model), "output") == list(DECODER_OUTPUTS)
+
+
+def test_the_checked_chain_reads_the_decoders_registered_rows():
+    """In checked_step every sampler input of every chain model comes from the decoder's outputs."""
+    text = config("checked_step")
+    for name, body in re.findall(r'model_name: "(\w+)"(.*?)\n    \}', text, re.S):
+        if name == "decoder":
+            continue
+        mapped = dict(re.findall(r'input_map \{ key: "(\w+)" value: "(\w+)"', body))
+        assert {spec.name: "_" + spec.name for spec in SAMPLER_INPUTS}.items() <= mapped.items(), name
 
 
 def test_ensembles_connect_existing_models_and_tensors():
@@ -89,3 +115,33 @@ def test_streaming_models_do_not_batch_postprocessing():
 def test_decoder_batches_steps():
     text = config("decoder")
     assert "dynamic_batching" in text and "allow_ragged_batch: true" in text
+
+
+def model_config(model: str, **extra: str) -> ModelConfig:
+    """The ModelConfig Triton would hand `model`'s initialize (its string parameters), plus `extra`."""
+    found = dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}', config(model)))
+    return ModelConfig({"model_config": json.dumps({"name": model, "parameters": {
+        key: {"string_value": value} for key, value in {**found, **extra}.items()}})})
+
+
+@pytest.mark.parametrize("model, kind", [("decoder", DecoderParameters), ("generate", GenerateParameters),
+                                         ("ensemble", GenerateParameters), ("tensorrt_llm_bls", GenerateParameters),
+                                         ("tensorrt_llm", GenerateParameters), ("zero_check_sampler", SamplerParameters)])
+def test_shipped_parameters_parse_into_their_dataclass_without_test_knobs(model, kind):
+    assert isinstance(parameters(kind, model_config(model)), kind)
+    assert not [key for key in model_config(model).parameters if key.startswith("test_")]
+
+
+def test_a_bad_parameter_is_named():
+    with pytest.raises(ConfigError, match="model decoder: unknown parameter.s. max_slot;"):
+        parameters(DecoderParameters, model_config("decoder", max_slot="8"))
+    with pytest.raises(ConfigError, match="model generate: parameter exit_on_dead_instance must be true or false, got 'yes'"):
+        parameters(GenerateParameters, model_config("generate", exit_on_dead_instance="yes"))
+    with pytest.raises(ConfigError, match="model decoder: parameter max_slots must be >= 1, got 0"):
+        parameters(DecoderParameters, model_config("decoder", max_slots="0"))
+    with pytest.raises(ConfigError, match="model decoder: parameter max_slots must be an int, got 'many'"):
+        parameters(DecoderParameters, model_config("decoder", max_slots="many"))
+    incomplete = model_config("zero_check_sampler")
+    del incomplete.parameters["device"]
+    with pytest.raises(ConfigError, match="model zero_check_sampler: parameter device is required"):
+        parameters(SamplerParameters, incomplete)

@@ -1,64 +1,51 @@
-"""The batched step's wire format without Triton: what `generate` sends (step_inputs) is what the
-sampler and decoder models parse (sampler_inputs), row by row; per-row errors round-trip."""
+"""The step wire without Triton (zerocheck.wire.step): what `generate` sends is what the decoder parses,
+row by row; a sequence registers its sampling once and later steps carry only ids; the sampler columns
+the decoder exports to the checked chain parse back; per-row errors round-trip."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from zerocheck.generate.sequence import ZERO_CHECK, StepCall, StepOutput
-from zerocheck.generate.step_inputs import release_arrays, step_arrays, step_results
-from zerocheck.sampling import SamplingParams
 from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
-from zerocheck.serving.row_errors import row_error, row_error_text
-from zerocheck.serving.inputs import decode_word_list
-from zerocheck.serving.sampler_inputs import encode_word_lists, parse_sampler_rows, unpadded
+from zerocheck.api.request import decode_word_list
+from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.sampling import SamplingParams
+from zerocheck.wire.sampling import SamplerRow, encode_word_lists, parse_sampler_rows, sampler_arrays, unpadded
+from zerocheck.wire.step import (Registration, StepCall, StepOutput, parse_step, release_arrays, row_error,
+                                 row_error_text, step_arrays, step_results)
 
 V = 600
 
 
-class FakeTensor:
-    """The two methods of a pb_utils.Tensor the parsers use."""
-
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self._name, self._array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
-
-
-def present(arrays: dict[str, np.ndarray]) -> dict[str, FakeTensor]:
-    return {name: FakeTensor(name, array) for name, array in arrays.items()}
-
-
-def call(seq_id: str, tokens: list[int], sampling: SamplingParams, history=None, step=0) -> StepCall:
-    return StepCall(seq_id, tokens, step == 0, False, sampling, history, step, ZERO_CHECK, False)
+def call(seq_id: str, tokens: list[int], registration: Registration | None = None) -> StepCall:
+    return StepCall(seq_id, tokens, registration is not None, False, registration, SamplerPath.ZERO_CHECK, False)
 
 
 CALLS = [
-    call("a", [1, 2, 3, 4], SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=11)),
-    call("b", [9], SamplingParams(repetition_penalty=1.25, seed=12, bad_words=((4, 5), (6,))), history=[1, 2, 9], step=7),
-    call("c", [8], SamplingParams(seed=2**64 - 1, logit_bias=((3, 1.5), (7, -2.0))), history=[8], step=3),
+    call("a", [1, 2, 3, 4], Registration(SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=11))),
+    call("b", [9]),
+    call("c", [5, 6], Registration(SamplingParams(seed=2**64 - 1, repetition_penalty=1.25, bad_words=((4, 5), (6,)),
+                                                  logit_bias=((3, 1.5), (7, -2.0))), min_tokens=3, end_ids=(2, 0),
+                                   prompt_length=9)),
 ]
 
 
-def test_step_rows_parse_back_to_the_same_params_history_and_steps():
+def test_start_rows_parse_back_to_the_same_registration():
     arrays = step_arrays(CALLS)
-    assert arrays["input_ids"].tolist() == [[1, 2, 3, 4], [9, -1, -1, -1], [8, -1, -1, -1]]
-    assert arrays["sequence_start"].reshape(-1).tolist() == [True, False, False]
-    rows = parse_sampler_rows(present(arrays), 3, V)
-    assert [r.params for r in rows] == [c.sampling for c in CALLS]
-    assert [r.history for r in rows] == [[], [1, 2, 9], [8]]
-    assert [r.step for r in rows] == [0, 7, 3]
-    assert [unpadded(row).tolist() for row in arrays["input_ids"]] == [c.tokens for c in CALLS]
+    assert arrays["input_ids"].tolist() == [[1, 2, 3, 4], [9, -1, -1, -1], [5, 6, -1, -1]]
+    rows = parse_step(arrays, V)
+    assert [(r.seq_id, r.tokens, r.start) for r in rows] == [(c.seq_id, c.tokens, c.start) for c in CALLS]
+    assert rows[0].registration == CALLS[0].registration
+    assert rows[1].registration is None
+    assert rows[2].registration == CALLS[2].registration
 
 
-def test_optional_inputs_are_sent_only_when_a_row_needs_them():
-    plain = step_arrays([call("a", [1], SamplingParams(seed=1)), call("b", [2], SamplingParams(seed=2))])
-    assert set(plain) == {"sequence_id", "input_ids", "sequence_start", "sequence_end", "step", "random_seed"}
-    assert "history" in step_arrays(CALLS) and "temperature" in step_arrays(CALLS)
+def test_decode_steps_carry_only_ids_and_flags():
+    decode = step_arrays([call("a", [1]), call("b", [2])])
+    assert set(decode) == {"sequence_id", "input_ids", "sequence_start", "sequence_end"}
+    plain = step_arrays([call("a", [1, 2], Registration(SamplingParams(seed=1), prompt_length=2))])
+    assert set(plain) == {"sequence_id", "input_ids", "sequence_start", "sequence_end", "random_seed"}
+    assert {"min_tokens", "end_ids", "prompt_length", "bad_words", "temperature"} <= set(step_arrays(CALLS))
 
 
 def test_word_lists_pad_each_row():
@@ -68,15 +55,24 @@ def test_word_lists_pad_each_row():
     assert [decode_word_list("bad_words", array[r]) for r in range(3)] == [tuple(map(tuple, r)) for r in rows]
 
 
-def test_a_bad_row_names_its_row():
+def test_a_bad_registration_names_its_row():
     arrays = step_arrays(CALLS)
-    arrays["history"][2, 0] = 5000
-    with pytest.raises(InvalidRequest, match=r"history must hold token ids in \[0, 600\), got 5000"):
-        parse_sampler_rows(present(arrays), 3, V)
+    arrays["logit_bias_ids"][2, 0] = 5000
+    with pytest.raises(InvalidRequest, match=r"logit_bias_ids must hold token ids in \[0, 600\), got 5000"):
+        parse_step(arrays, V)
     arrays = step_arrays(CALLS)
-    arrays["top_p"][1, 0] = 2.0
-    with pytest.raises(InvalidRequest, match=r"row 1: top_p must be in \(0, 1\]"):
-        parse_sampler_rows(present(arrays), 3, V)
+    arrays["top_p"][2, 0] = 2.0
+    with pytest.raises(InvalidRequest, match=r"row 2: top_p must be in \(0, 1\]"):
+        parse_step(arrays, V)
+    arrays = step_arrays(CALLS)
+    arrays["top_p"][1, 0] = 2.0  # a row that does not start: its registration inputs are not read
+    assert parse_step(arrays, V)[1].registration is None
+
+
+def test_exported_sampler_columns_parse_back():
+    rows = [SamplerRow(CALLS[0].registration.params, [], 0), SamplerRow(CALLS[2].registration.params, [5, 6, 9], 4)]
+    back = parse_sampler_rows(sampler_arrays(rows), 2, V)
+    assert back == rows
 
 
 @pytest.mark.parametrize("error", [InvalidRequest("sequence 'x' holds no KV cache slot"),
@@ -96,7 +92,7 @@ def test_an_unexpected_row_error_is_named_by_its_type_only():
 def test_step_results_per_row():
     outputs = {"output_id": np.array([[5], [0], [7]], np.int32),
                "error": np.array([[b""], [row_error_text(Overloaded("full")).encode()], [b""]], dtype=object)}
-    results = step_results(ZERO_CHECK, outputs, 3)
+    results = step_results(SamplerPath.ZERO_CHECK, outputs, 3)
     assert results[0] == StepOutput(5) and results[2] == StepOutput(7)
     assert isinstance(results[1], Overloaded) and str(results[1]) == "full"
 

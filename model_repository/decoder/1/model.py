@@ -1,53 +1,51 @@
-"""Triton adapter for `zerocheck.serving.decoder_service`: batched decoder steps with per-sequence KV
-cache, and the zero-check sampler fused after the forward for requests that ask for `output_id`.
+"""Triton adapter for `zerocheck.decoder.service`: batched decoder steps with per-sequence KV cache and
+sampling state, and the zero-check sampler fused after the forward for requests that ask for `output_id`.
 
 A request of one row that fails is answered with its error; in a request of several rows each failed
-row carries its error in `error` (see zerocheck.serving.row_errors) and the other rows succeed.
+row carries its error in `error` (see zerocheck.wire.step) and the other rows succeed.
 """
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.decoder import load_decoder
+from zerocheck.decoder.service import DecoderService, StepRows
 from zerocheck.sampling.cuda_graph import make_sampler
-from zerocheck.serving.decoder_service import DecoderService, StepRows, parse_step_rows
-from zerocheck.serving.metrics import DeferredMetrics
-from zerocheck.serving.row_errors import row_error_text
-from zerocheck.serving.sampler_inputs import parse_sampler_rows
-from zerocheck.serving.triton import ModelConfig, error_response
+from zerocheck.triton.config import DecoderParameters, ModelConfig, parameters
+from zerocheck.triton.metrics import DeferredMetrics
+from zerocheck.triton.tensors import error_response
+from zerocheck.wire.sampling import SAMPLER_INPUTS
+from zerocheck.wire.step import DECODER_INPUTS, parse_step, row_errors
 
-STEP_INPUTS = ("sequence_id", "input_ids", "sequence_start", "sequence_end")
+INPUTS = frozenset(spec.name for spec in DECODER_INPUTS)
+EXPORTS = tuple(spec.name for spec in SAMPLER_INPUTS)
 
 
 def parse(request, vocab_size: int) -> StepRows:
-    present = {tensor.name(): tensor for tensor in request.inputs()}
-    steps = parse_step_rows({name: present[name].as_numpy() for name in STEP_INPUTS if name in present})
+    steps = parse_step({tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in INPUTS},
+                       vocab_size)
     wanted = set(request.requested_output_names())
-    sampling = parse_sampler_rows(present, len(steps), vocab_size) if "output_id" in wanted else None
-    return StepRows(steps, sampling, "logits" in wanted)
+    return StepRows(steps, want_token="output_id" in wanted, want_logits="logits" in wanted,
+                    exports=tuple(name for name in EXPORTS if name in wanted))
 
 
 def respond(answer) -> object:
     if len(answer.errors) == 1 and answer.errors[0] is not None:
         return error_response(pb_utils, answer.errors[0])
-    texts = np.array([[row_error_text(error).encode()] for error in answer.errors], dtype=object)
     return pb_utils.InferenceResponse([pb_utils.Tensor(name, array) for name, array in answer.outputs.items()]
-                                      + [pb_utils.Tensor("error", texts)])
+                                      + [pb_utils.Tensor("error", row_errors(answer.errors))])
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig(args)
-        engine = load_decoder(config.artifacts_dir(), backend=config.get("backend", "onnxruntime"),
-                              max_slots=config.get_int("max_slots", 16),
-                              max_seq_len=config.get_int("max_seq_len", 0) or None,
-                              idle_timeout_s=config.get_float("idle_timeout_s", 60.0),
-                              num_threads=config.get_int("num_threads", 0) or None,
-                              fail_token=config.get_int("test_fail_token", -1),
-                              dtype=config.get("dtype", "auto"))
+        params = parameters(DecoderParameters, config)
+        engine = load_decoder(config.artifacts_dir(), backend=params.backend, max_slots=params.max_slots,
+                              max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
+                              num_threads=params.num_threads or None, fail_token=params.test_fail_token,
+                              dtype=params.dtype)
         self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, "cpu"))
-        self.delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
+        self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self.families = [  # families must outlive their metrics: keep both
@@ -60,7 +58,7 @@ class TritonPythonModel:
         self.stage_seconds = {stage: self.families[2].Metric(labels={**labels, "stage": stage})
                               for stage in ("forward", "sample")}
         self.kv_capacity.set(engine.pool.max_slots)
-        self.metrics = DeferredMetrics(config.get_float("metrics_interval_s", 0.25))
+        self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):
         if self.delay_s:

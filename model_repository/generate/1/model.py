@@ -16,11 +16,12 @@ from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_
 from zerocheck.generate.responses import INTERFACES, TEXT, TOKENS
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
-from zerocheck.generate.step_inputs import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
-from zerocheck.serving.instance_watchdog import StubWatchdog, stop_server
-from zerocheck.serving.inputs import GENERATE_INPUTS, TOKEN_INPUTS, Limits
-from zerocheck.serving.metrics import GenerateMetrics
-from zerocheck.serving.triton import ModelConfig, built_max_seq_len, error_for, request_arrays, request_parameters, tensors
+from zerocheck.wire.step import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
+from zerocheck.triton.watchdog import StubWatchdog, stop_server
+from zerocheck.api.request import GENERATE_INPUTS, TOKEN_INPUTS, Limits
+from zerocheck.generate.metrics import GenerateMetrics
+from zerocheck.triton.config import GenerateParameters, ModelConfig, built_max_seq_len, parameters
+from zerocheck.triton.tensors import error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
 INPUT_NAMES = {TEXT: [spec.name for spec in GENERATE_INPUTS], TOKENS: [spec.name for spec in TOKEN_INPUTS]}
@@ -94,24 +95,24 @@ class TritonPythonModel:
     def initialize(self, args):
         self.with_parameters = response_parameters_supported()
         config = ModelConfig(args)
-        self.interface = config.get("interface", TEXT)
+        params = parameters(GenerateParameters, config)
+        self.interface = params.interface
         if self.interface not in INTERFACES:
             raise ValueError(f"parameter interface must be one of {INTERFACES}, got {self.interface!r}")
         tokenizer = load_tokenizer(config.artifacts_dir())
-        context = min(config.get_int("max_context", 1024), built_max_seq_len(config.artifacts_dir()))
-        limits = Limits(max_prompt_tokens=min(config.get_int("max_prompt_tokens", 768), context - 1),
-                        max_output_tokens=config.get_int("max_output_tokens", 256), max_context=context)
+        context = min(params.max_context, built_max_seq_len(config.artifacts_dir()))
+        limits = Limits(max_prompt_tokens=min(params.max_prompt_tokens, context - 1),
+                        max_output_tokens=params.max_output_tokens, max_context=context)
         self.metrics = GenerateMetrics(pb_utils)
-        scheduler = StepScheduler(bls_step, bls_release, max_batch=config.get_int("max_step_batch", 64),
-                                  prefill_tokens=config.get_int("prefill_tokens_per_step", 128),
+        scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
+                                  prefill_tokens=params.prefill_tokens_per_step,
                                   on_cancel_freed=self.metrics.cancel_freed.observe)
-        self.service = GenerateService(tokenizer, scheduler, limits, config.get_int("max_concurrent_sequences", 16),
-                                       config.get_int("max_queue_size", 16), config.get_float("queue_timeout_s", 30.0),
-                                       interface=self.interface)
-        self.test_delay_s = config.get_float("test_delay_ms", 0.0) / 1000.0
+        self.service = GenerateService(tokenizer, scheduler, limits, params.max_concurrent_sequences,
+                                       params.max_queue_size, params.queue_timeout_s, interface=self.interface)
+        self.test_delay_s = params.test_delay_ms / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (the token interface)
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
-        self.watchdog = StubWatchdog(stop_server).start() if config.get("exit_on_dead_instance", "true") == "true" else None
+        self.watchdog = StubWatchdog(stop_server).start() if params.exit_on_dead_instance else None
 
     async def execute(self, requests):
         """Serves `requests` to their final responses. The stub runs a decoupled model's coroutine in the

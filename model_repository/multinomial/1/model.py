@@ -5,9 +5,10 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.checked import draw_sorted, top_alternatives
 from zerocheck.api.errors import InvalidRequest
-from zerocheck.serving.inputs import TOP_LOG_PROBS
-from zerocheck.serving.sampler_inputs import check_token_ids, gather_batch, refuse_nan, respond
-from zerocheck.serving.triton import ModelConfig
+from zerocheck.api.request import TOP_LOG_PROBS
+from zerocheck.wire.sampling import check_token_ids
+from zerocheck.triton.sampler_batch import gather_batch, refuse_nan, respond
+from zerocheck.triton.config import ModelConfig
 
 
 def sorted_ids_of(present) -> np.ndarray:

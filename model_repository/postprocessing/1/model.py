@@ -3,8 +3,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.api.errors import InvalidRequest
-from zerocheck.serving.sampler_inputs import check_token_ids
-from zerocheck.serving.triton import ModelConfig, error_response, request_arrays, tensors
+from zerocheck.wire.sampling import check_token_ids
+from zerocheck.triton.config import ModelConfig
+from zerocheck.triton.tensors import error_response, request_arrays, tensors
 from zerocheck.tokenizer import IncrementalDetokenizer, load_tokenizer
 
 

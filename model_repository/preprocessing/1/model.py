@@ -2,9 +2,10 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.serving.inputs import Limits, parse_generate_request
-from zerocheck.serving.sampler_inputs import encode_word_list
-from zerocheck.serving.triton import ModelConfig, error_response, request_arrays, tensors
+from zerocheck.api.request import Limits, parse_generate_request
+from zerocheck.wire.sampling import encode_word_list
+from zerocheck.triton.config import ModelConfig
+from zerocheck.triton.tensors import error_response, request_arrays, tensors
 from zerocheck.tokenizer import load_tokenizer
 
 

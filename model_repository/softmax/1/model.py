@@ -3,8 +3,8 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.batch import build_batch
 from zerocheck.sampling.checked import tempered_probs
-from zerocheck.serving.sampler_inputs import gather_batch, refuse_nan, respond
-from zerocheck.serving.triton import ModelConfig
+from zerocheck.triton.sampler_batch import gather_batch, refuse_nan, respond
+from zerocheck.triton.config import ModelConfig
 
 
 class TritonPythonModel:

@@ -3,17 +3,17 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.sampling.cuda_graph import make_sampler
-from zerocheck.serving.sampler_inputs import gather_batch, respond
-from zerocheck.serving.triton import ModelConfig
+from zerocheck.triton.sampler_batch import gather_batch, respond
+from zerocheck.triton.config import ModelConfig, SamplerParameters, parameters
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig(args)
+        params = parameters(SamplerParameters, config)
         self.vocab_size = config.vocab_size()
-        self.device = config.device()
-        self.sampler = make_sampler(self.vocab_size, config.max_batch_size, self.device,
-                                    config.get_int("cuda_graph_max_top_k", 64))
+        self.device = params.resolved_device()
+        self.sampler = make_sampler(self.vocab_size, config.max_batch_size, self.device, params.cuda_graph_max_top_k)
 
     def execute(self, requests):
         return respond(pb_utils, gather_batch(pb_utils, requests, ["logits"], self.vocab_size), self.sample)

@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 from zerocheck.bench.e2e import bench_vocab, ratios, table, write_results
-from zerocheck.serving.triton import REPO_ROOT
+from zerocheck import REPO_ROOT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

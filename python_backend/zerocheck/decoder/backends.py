@@ -21,7 +21,9 @@ ONNX_OUTPUT_NAMES = ["logits", "new_keys", "new_values"]
 
 def torch_step(model: Transformer) -> StepFunction:
     def step(*inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with torch.inference_mode():
+        # no_grad, not inference_mode: the zero-check sampler edits the logits in place (penalties, bans),
+        # which an inference tensor refuses outside inference mode
+        with torch.no_grad():
             return model(*inputs)
 
     return step

@@ -43,6 +43,7 @@ class KVCachePool:
         self.clock = clock
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._active: dict[str, SlotState] = {}
+        self.on_release: Callable[[str], None] = lambda seq_id: None  # what else lives with a slot goes with it
 
     @property
     def nbytes(self) -> int:
@@ -80,6 +81,7 @@ class KVCachePool:
         held = self._active.pop(seq_id, None)
         if held is not None:
             self._free.append(held.slot)
+            self.on_release(seq_id)
 
     def reclaim_idle(self, now: float | None = None) -> list[str]:
         """Release every sequence without a step for `idle_timeout_s`; returns their ids."""

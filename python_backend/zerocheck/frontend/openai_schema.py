@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from zerocheck.api.errors import InvalidRequest
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.frontend.errors import invalid
-from zerocheck.serving.inputs import parse_switch
+from zerocheck.api.request import parse_switch
 
 CHAT, TEXT = "chat", "text"
 MAX_STOP = 4

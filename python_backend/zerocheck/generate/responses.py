@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zerocheck.generate.sequence import ZERO_CHECK, Chunk, Sequence
-from zerocheck.serving.inputs import GenerateRequest
+from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.generate.sequence import Chunk, Sequence
+from zerocheck.api.request import GenerateRequest
 
 TEXT, TOKENS = "text", "tokens"
 INTERFACES = (TEXT, TOKENS)
@@ -32,14 +33,14 @@ class Prepared:
 
     request: GenerateRequest
     prompt_ids: list[int]
-    path: str
+    path: SamplerPath
     degraded: str | None  # why a zero-check request runs on the checked path
     batch_index: int = 0  # its row in a request of several rows
 
     @property
     def bypass(self) -> bool:
         """True when the check layer is skipped (the zero-check sampler ran)."""
-        return self.path == ZERO_CHECK
+        return self.path == SamplerPath.ZERO_CHECK
 
 
 def _scalar(value, dtype) -> np.ndarray:

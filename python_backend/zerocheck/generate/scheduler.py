@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from zerocheck.api.errors import Overloaded
-from zerocheck.generate.sequence import Chunk, Sequence, StepCall, StepOutput
+from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.generate.sequence import Chunk, Sequence
+from zerocheck.wire.step import StepCall, StepOutput
 
 log = logging.getLogger("zerocheck")
 DEFER_BACKOFF_S = 0.005  # pause of a path whose every row waits for a KV slot
 # path, one call per row -> one outcome per row: the sampled token, or the exception that row failed with
-StepBatch = Callable[[str, list[StepCall]], Awaitable[list[StepOutput | Exception]]]
+StepBatch = Callable[[SamplerPath, list[StepCall]], Awaitable[list[StepOutput | Exception]]]
 Release = Callable[[list[str]], Awaitable[None]]  # frees the KV slots of these sequence ids
 Emit = Callable[[Sequence, Chunk | None], None]  # a streamed chunk; None: the sequence ended well
 
@@ -71,7 +73,7 @@ class StepScheduler:
                 self._drivers[entry.seq.path] = asyncio.create_task(self._drive(entry.seq.path))
         await asyncio.gather(*(entry.ended for entry in entries))
 
-    async def _drive(self, path: str) -> None:
+    async def _drive(self, path: SamplerPath) -> None:
         active: list[_Entry] = []
         try:
             while True:
@@ -132,7 +134,7 @@ class StepScheduler:
             entries.append(entry)
         return entries, calls
 
-    async def _step_all(self, path: str, calls: list[StepCall]) -> list[StepOutput | Exception]:
+    async def _step_all(self, path: SamplerPath, calls: list[StepCall]) -> list[StepOutput | Exception]:
         """Every call, in batches of at most max_batch rows sent together; a batch that fails as a
         whole fails each of its rows."""
         batches = [calls[i:i + self.max_batch] for i in range(0, len(calls), self.max_batch)]

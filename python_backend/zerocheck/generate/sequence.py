@@ -15,39 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence as Seq
 
 from zerocheck.api.errors import Overloaded
+from zerocheck.api.sampler_path import DEGRADE_LOG_PROBS, SamplerPath
 from zerocheck.sampling import SamplingParams
-from zerocheck.serving.inputs import GenerateRequest
+from zerocheck.api.request import GenerateRequest
 from zerocheck.tokenizer import IncrementalDetokenizer, TextTokenizer
+from zerocheck.wire.step import Registration, StepCall, StepOutput, TopLogProbs
 
-ZERO_CHECK = "zero_check"
-CHECKED = "checked"
 _seeds = random.Random()  # seeded from os.urandom at import
-
-
-@dataclass(frozen=True)
-class StepCall:
-    """One decode step of one sequence. tokens: the prompt (or its next chunk) until it is prefilled,
-    then the last token. history: prompt + generated ids when penalties or bad words need them, else None."""
-
-    seq_id: str
-    tokens: list[int]
-    start: bool
-    end: bool
-    sampling: SamplingParams
-    history: list[int] | None
-    step: int
-    path: str  # ZERO_CHECK or CHECKED
-    want_log_prob: bool
-
-
-TopLogProbs = tuple[tuple[int, float], ...]  # the most likely tokens of one step: (token id, log-probability)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    token: int
-    log_prob: float | None = None
-    top: TopLogProbs = ()  # the checked path's most likely alternatives, best first
 
 
 @dataclass
@@ -79,19 +53,15 @@ class Generation:
         return len(self.ids)
 
 
-DEGRADE_LOG_PROBS = "return_log_probs"
-DEGRADE_REASONS = (DEGRADE_LOG_PROBS,)  # every reason choose_path gives (metric label values)
-
-
-def choose_path(request: GenerateRequest) -> tuple[str, str | None]:
+def choose_path(request: GenerateRequest) -> tuple[SamplerPath, str | None]:
     """The sampler path and, when the zero-check path was asked for but cannot serve the request,
     why it degraded. Log-probabilities need the normalised distribution, which only the checked
     chain computes."""
     if not request.zerocheck:
-        return CHECKED, None
+        return SamplerPath.CHECKED, None
     if request.return_log_probs or request.top_log_probs:
-        return CHECKED, DEGRADE_LOG_PROBS
-    return ZERO_CHECK, None
+        return SamplerPath.CHECKED, DEGRADE_LOG_PROBS
+    return SamplerPath.ZERO_CHECK, None
 
 
 def ends_with(ids: Seq[int], suffix: Seq[int]) -> bool:
@@ -123,7 +93,7 @@ def sampling_for(tokenizer: TextTokenizer, request: GenerateRequest, index: int 
 class Sequence:
     """The state of one sequence between decode steps (see the module docstring)."""
 
-    def __init__(self, tokenizer: TextTokenizer, request: GenerateRequest, prompt_ids: list[int], path: str,
+    def __init__(self, tokenizer: TextTokenizer, request: GenerateRequest, prompt_ids: list[int], path: SamplerPath,
                  max_context: int, index: int = 0, cancelled: Callable[[], bool] = lambda: False,
                  max_wait_s: float = 30.0) -> None:
         self.tokenizer, self.request, self.prompt_ids, self.path, self.index = tokenizer, request, prompt_ids, path, index
@@ -131,13 +101,9 @@ class Sequence:
         self.seq_id = uuid.uuid4().hex
         self.sampling = sampling_for(tokenizer, request, index)
         self.end_ids = end_ids_of(tokenizer, request)
-        self._min_tokens_sampling = replace(
-            self.sampling, bad_words=self.sampling.bad_words + tuple((end,) for end in self.end_ids)) \
-            if self.end_ids and request.min_tokens else self.sampling
         self.stop_ids = [ids for ids in tokenizer.token_ids_of(list(request.stop_words)) if ids] + \
             [list(ids) for ids in request.stop_ids if ids]
         self.max_tokens = min(request.max_tokens, max_context - len(prompt_ids))
-        self.needs_history = self.sampling.has_penalties or bool(self.sampling.bad_words)
         self.ids: list[int] = []
         self.log_probs: list[float] = []
         # set when done: length | stop | eos | cancelled | error
@@ -185,10 +151,9 @@ class Sequence:
         else:
             self._chunk, tokens = 0, self.ids[-1:]
         self._sent_end = step == self.max_tokens - 1 and self._chunk == self.prefill_left
-        return StepCall(seq_id=self.seq_id, tokens=tokens, start=start,
-                        end=self._sent_end,
-                        sampling=self._min_tokens_sampling if step < self.request.min_tokens else self.sampling,
-                        history=self.prompt_ids + self.ids if self.needs_history else None, step=step,
+        registration = Registration(self.sampling, self.request.min_tokens, self.end_ids, len(self.prompt_ids)) \
+            if start else None
+        return StepCall(seq_id=self.seq_id, tokens=tokens, start=start, end=self._sent_end, registration=registration,
                         path=self.path, want_log_prob=self.request.return_log_probs or self.request.top_log_probs > 0)
 
     def accept(self, out: StepOutput) -> None:

@@ -23,7 +23,7 @@ from zerocheck.generate.responses import TEXT, TOKENS, Prepared, response_arrays
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import Chunk, Generation, Sequence, choose_path
 from zerocheck.sampling.params import MAX_LOGIT_BIAS
-from zerocheck.serving.inputs import GenerateRequest, Limits, check_context, parse_generate_request, \
+from zerocheck.api.request import GenerateRequest, Limits, check_context, parse_generate_request, \
     parse_token_request, split_batch
 from zerocheck.tokenizer import TextTokenizer
 from zerocheck.tokenizer.chat import ChatTemplateError

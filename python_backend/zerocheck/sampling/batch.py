@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from .history import counts_of
 from .noise import row_keys
 from .params import SamplingParamError, SamplingParams
 
@@ -19,7 +20,7 @@ from .params import SamplingParamError, SamplingParams
 class SparsePenalties:
     """History tokens of penalised rows: unique (row, token) pairs with their counts.
 
-    rows, tokens, counts: [N] int64; repetition, presence, frequency: [N] float32 (per pair).
+    rows, tokens: [N] int64; counts: [N] float32; repetition, presence, frequency: [N] float32 (per pair).
     """
 
     rows: torch.Tensor
@@ -99,23 +100,25 @@ def _check_ids(row: int, ids: Sequence[int], vocab_size: int, what: str) -> None
 
 def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequence[int]] | None,
                       vocab_size: int, device: torch.device | str) -> SparsePenalties | None:
+    """Penalised rows' (row, token) pairs from their histories' counts (kept up to date by a
+    TokenHistory: no re-count of the whole history per step)."""
     rows = [b for b, p in enumerate(params) if p.has_penalties and history is not None and len(history[b])]
     if not rows:
         return None
-    for b in rows:
-        _check_ids(b, history[b], vocab_size, "history")
-    flat = torch.cat([torch.as_tensor(list(history[b]), dtype=torch.int64) for b in rows])
-    row_of = torch.repeat_interleave(torch.tensor(rows), torch.tensor([len(history[b]) for b in rows]))
-    pairs, counts = torch.unique(row_of * vocab_size + flat, return_counts=True)
-    pair_rows = pairs // vocab_size
+    counted = [counts_of(history[b]) for b in rows]
+    for b, counts in zip(rows, counted):
+        _check_ids(b, list(counts), vocab_size, "history")
+    sizes = torch.tensor([len(counts) for counts in counted])
+    pair_rows = torch.repeat_interleave(torch.tensor(rows), sizes)
+    tokens = torch.tensor([token for counts in counted for token in counts], dtype=torch.int64)
+    counts = torch.tensor([count for counts in counted for count in counts.values()], dtype=torch.float32)
 
     def per_pair(name: str) -> torch.Tensor:
         table = torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)
         return table[pair_rows].to(device)
 
     return SparsePenalties(
-        rows=pair_rows.to(device), tokens=(pairs % vocab_size).to(device),
-        counts=counts.to(torch.float32).to(device),
+        rows=pair_rows.to(device), tokens=tokens.to(device), counts=counts.to(device),
         repetition=per_pair("repetition_penalty"), presence=per_pair("presence_penalty"),
         frequency=per_pair("frequency_penalty"))
 

@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from zerocheck.serving.triton import REPO_ROOT
+from zerocheck import REPO_ROOT
 
 
 def copy_repository(target: Path, parameters: Mapping[str, Mapping[str, str]] | None = None,

@@ -13,22 +13,20 @@ zerocheck_active_sequences                     sequences generating now
 zerocheck_cancelled_slot_free_seconds          histogram: from seeing a cancellation (each decode step looks) to
                                                its KV slot freed
 
-`DeferredMetrics` batches the per-step metric calls of the decoder.
 """
 from __future__ import annotations
 
-import math
-import time
-from typing import Any, Callable
+from typing import Any
 
 from zerocheck.api.errors import ErrorCode
-from zerocheck.generate.sequence import CHECKED, DEGRADE_REASONS, ZERO_CHECK, Generation
-from zerocheck.serving.inputs import RETRY_REASONS
+from zerocheck.api.sampler_path import DEGRADE_REASONS, SamplerPath
+from zerocheck.generate.sequence import Generation
+from zerocheck.api.request import RETRY_REASONS
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 FREE_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
-PATHS = (ZERO_CHECK, CHECKED)
+PATHS = tuple(SamplerPath)
 
 
 class GenerateMetrics:
@@ -68,7 +66,7 @@ class GenerateMetrics:
             description="from seeing a cancellation at the start of a decode step to its KV slot freed"
         )).Metric(labels={}, buckets=FREE_BUCKETS)
 
-    def request(self, path: str, bypass: bool, degraded: str | None) -> None:
+    def request(self, path: SamplerPath, bypass: bool, degraded: str | None) -> None:
         self.requests[(path, bypass)].increment(1)
         if degraded:
             self.degraded[degraded].increment(1)
@@ -81,45 +79,10 @@ class GenerateMetrics:
         if reason is not None:
             self.retried[reason if reason in RETRY_REASONS else "other"].increment(1)
 
-    def finished(self, path: str, generation: Generation) -> None:
+    def finished(self, path: SamplerPath, generation: Generation) -> None:
         self.tokens[path].increment(generation.completion_tokens)
         if generation.first_token_ns:
             self.ttft[path].observe((generation.first_token_ns - generation.arrival_ns) / 1e9)
             if generation.completion_tokens > 1:
                 decode_s = (generation.last_token_ns - generation.first_token_ns) / 1e9
                 self.tpot[path].observe(decode_s / (generation.completion_tokens - 1))
-
-
-class DeferredMetrics:
-    """Counter increments and gauge values kept in the process and handed to Triton together, at most
-    every `interval_s`, or at once when a gauge changes: every pb_utils metric call is a round trip to
-    the server process (~0.1 ms), too dear to pay per decode step. A model calls `flush` at the end of
-    each execute; counters then lag by at most `interval_s` while it runs, and are exact at rest as
-    long as its last execute changed a gauge (the decoder's last one frees a KV slot)."""
-
-    def __init__(self, interval_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s, self.clock = interval_s, clock
-        self._counts: dict[int, list] = {}  # id(metric) -> [metric, amount not yet pushed]
-        self._gauges: dict[int, list] = {}  # id(metric) -> [metric, value, value last pushed]
-        self._pushed_at = -math.inf
-
-    def increment(self, metric: Any, amount: float) -> None:
-        self._counts.setdefault(id(metric), [metric, 0.0])[1] += amount
-
-    def set(self, metric: Any, value: float) -> None:
-        self._gauges.setdefault(id(metric), [metric, value, None])[1] = value
-
-    def flush(self) -> None:
-        now = self.clock()
-        changed = any(entry[2] != entry[1] for entry in self._gauges.values())
-        if not changed and now - self._pushed_at < self.interval_s:
-            return
-        for entry in self._counts.values():
-            if entry[1]:
-                entry[0].increment(entry[1])
-                entry[1] = 0.0
-        for entry in self._gauges.values():
-            if entry[2] != entry[1]:
-                entry[0].set(entry[1])
-                entry[2] = entry[1]
-        self._pushed_at = now

@@ -1,0 +1,134 @@
+"""What the `decoder` model does with the requests of one `execute`, without Triton.
+
+Every request holds R rows, one per sequence (`zerocheck.wire.step`). A sequence's first row registers
+how it samples; the service keeps that, and the history its penalties and bad words read, in a
+`SequenceTable` entry that lives with the sequence's KV slot, so later steps carry only ids. A request
+that asks for `output_id` gets the zero-check sampler run on its rows' logits right after the forward,
+in this process: the logits of the zero-check path never leave the decoder (no copy into another
+model, no check layer). A request that asks for `logits` gets them, and for the checked chain each
+row's registered sampling inputs (its `SAMPLER_INPUTS` outputs). Rows fail alone: a refused or failed
+row carries its error, the other rows of the step succeed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
+from zerocheck.decoder.engine import DecoderEngine, StepRequest
+from zerocheck.decoder.errors import DecoderError, PoolFullError
+from zerocheck.decoder.sequences import SequenceState, SequenceTable
+from zerocheck.sampling.params import SamplingParams
+from zerocheck.wire.sampling import SamplerRow, sampler_arrays
+from zerocheck.wire.step import Registration, StepRow
+
+_UNREGISTERED = SequenceState.register(Registration(SamplingParams()))  # what a failed row exports
+
+
+def client_error(error: Exception) -> Exception:
+    """A decoder row error as the client should see it (a failed forward stays an internal error)."""
+    if isinstance(error, PoolFullError):
+        return Overloaded(f"{error}; retry later")
+    return InvalidRequest(str(error)) if isinstance(error, DecoderError) else error
+
+
+@dataclass
+class StepRows:
+    """One request: its rows, and which outputs it asked for (`exports`: sampler inputs for the checked chain)."""
+
+    steps: list[StepRow]
+    want_token: bool = False
+    want_logits: bool = True
+    exports: tuple[str, ...] = ()
+
+
+@dataclass
+class StepAnswer:
+    """Output arrays of one request (row r of each is its r-th row) and per-row errors."""
+
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: list[Exception | None] = field(default_factory=list)
+
+
+class DecoderService:
+    """The engine's batched step over the sequences' table entries, then the zero-check sampler on the
+    rows that want a token. forward_s / sample_s: seconds spent in each, summed over the service's life."""
+
+    def __init__(self, engine: DecoderEngine, sampler: Any) -> None:
+        self.engine, self.sampler = engine, sampler
+        self.table = SequenceTable()
+        engine.pool.on_release = self.table.drop
+        self.forward_s = self.sample_s = 0.0
+
+    def run(self, requests: Sequence[StepRows]) -> list[StepAnswer]:
+        rows = [row for request in requests for row in request.steps]
+        states = [SequenceState.register(row.registration or Registration(SamplingParams())) if row.start
+                  else self.table.get(row.seq_id) for row in rows]
+        began = time.perf_counter()
+        result = self.engine.step([StepRequest(row.seq_id, row.tokens, row.start, row.end) for row in rows])
+        sampled = time.perf_counter()
+        self.forward_s += sampled - began
+        errors = [None if error is None else client_error(error) for error in result.errors]
+        self._advance(rows, states, errors)
+        tokens = self._sample(requests, result.logits, states, errors)
+        self.sample_s += time.perf_counter() - sampled
+        logits = result.logits.numpy()
+        answers, begin = [], 0
+        for request in requests:
+            end = begin + len(request.steps)
+            answer = StepAnswer(errors=errors[begin:end])
+            if request.want_logits:
+                answer.outputs["logits"] = logits[begin:end]
+            if request.want_token:
+                answer.outputs["output_id"] = tokens[begin:end].reshape(-1, 1)
+            if request.exports:
+                exported = sampler_arrays([_export(state, error) for state, error in
+                                           zip(states[begin:end], errors[begin:end])])
+                answer.outputs.update({name: exported[name] for name in request.exports})
+            answers.append(answer)
+            begin = end
+        return answers
+
+    def _advance(self, rows: list[StepRow], states: list[SequenceState | None], errors: list[Exception | None]) -> None:
+        """Feed each row's ids into its entry; a started sequence that holds its slot joins the table
+        (one that already ended, or failed, does not: its slot is gone)."""
+        for index, (row, state) in enumerate(zip(rows, states)):
+            if errors[index] is not None or not row.tokens:
+                continue
+            if state is None:
+                errors[index] = InternalError(f"sequence {row.seq_id!r} holds a KV slot but no registered sampling")
+                continue
+            state.feed(row.tokens)
+            if row.start and self.engine.pool.state(row.seq_id) is not None:
+                self.table.put(row.seq_id, state)
+
+    def _sample(self, requests: Sequence[StepRows], logits, states: list[SequenceState | None],
+                errors: list[Exception | None]) -> np.ndarray:
+        """int32 [B] tokens of the rows that asked for one and have their prompt in (-1 elsewhere); a row
+        the sampler refuses (NaN logits) gets that error."""
+        tokens = np.full(len(errors), -1, np.int32)
+        rows, begin = [], 0
+        for request in requests:
+            if request.want_token:
+                rows += [r for r in range(begin, begin + len(request.steps))
+                         if errors[r] is None and states[r] is not None and states[r].step >= 0]
+            begin += len(request.steps)
+        if rows:
+            chosen = [states[r] for r in rows]
+            x = logits if rows == list(range(len(logits))) else logits[rows]  # the common case: no copy
+            out = self.sampler.sample(x, [s.sampling for s in chosen], [s.ids for s in chosen],
+                                      [s.step for s in chosen])
+            tokens[rows] = out.tokens.numpy()
+            for row, message in zip(rows, out.errors):
+                if message:
+                    errors[row] = InternalError(f"the decoder's {message}")
+        return tokens
+
+
+def _export(state: SequenceState | None, error: Exception | None) -> SamplerRow:
+    """A row's sampler inputs for the checked chain (defaults on a failed row: its token is not used)."""
+    state = state if state is not None and error is None else _UNREGISTERED
+    return SamplerRow(state.sampling, list(state.ids), max(state.step, 0))

@@ -1,0 +1,160 @@
+"""The `model_config` a model.py adapter gets in `initialize(args)`, parsed once, and each model's
+parameters as a typed dataclass (`parameters`): every shipped parameter is declared in the model's
+config.pbtxt (the dataclass has no default for it, so code and config cannot disagree); only the
+test knobs have defaults, and no shipped config sets them (tests add them to copies of the repository).
+A missing, unknown or malformed parameter stops the model's load with a message naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, TypeVar
+
+from zerocheck import REPO_ROOT
+
+SHARED_PARAMETERS = ("artifacts",)  # read by ModelConfig itself, any model may set them
+_BOOLEANS = {"true": True, "false": False}
+
+
+class ConfigError(ValueError):
+    """A model's config.pbtxt is wrong; the message names the model and the parameter."""
+
+
+class ModelConfig:
+    """The parsed `model_config` of `initialize(args)`: name, batch size, string parameters, artifacts."""
+
+    def __init__(self, args: Mapping[str, str]) -> None:
+        self.raw = json.loads(args["model_config"])
+        self.name: str = self.raw["name"]
+        self.parameters = {k: v["string_value"] for k, v in self.raw.get("parameters", {}).items()}
+        self.max_batch_size = int(self.raw.get("max_batch_size", 0))
+
+    def artifacts_dir(self) -> Path:
+        """ZEROCHECK_ARTIFACTS, else the `artifacts` parameter, else artifacts/ beside the repository."""
+        return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or self.parameters.get("artifacts")
+                    or REPO_ROOT / "artifacts")
+
+    def vocab_size(self) -> int:
+        """The decoder's vocabulary size, from the built artifacts."""
+        config = json.loads((self.artifacts_dir() / "hf_model" / "config.json").read_text())
+        return int(config["vocab_size"])
+
+
+P = TypeVar("P")
+
+
+def parameters(kind: type[P], config: ModelConfig) -> P:
+    """`config`'s parameters as a `kind` dataclass: each field from the parameter of its name, converted
+    to the field's type (int, float, str, bool as "true" / "false"); a field without a default must be
+    set; a parameter no field names is refused."""
+    hints = typing.get_type_hints(kind)
+    fields = {field.name: field for field in dataclasses.fields(kind)}
+    unknown = sorted(set(config.parameters) - set(fields) - set(SHARED_PARAMETERS))
+    if unknown:
+        raise ConfigError(f"model {config.name}: unknown parameter(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(fields)}")
+    values = {}
+    for name, field in fields.items():
+        raw = config.parameters.get(name)
+        if raw is None:
+            if field.default is dataclasses.MISSING:
+                raise ConfigError(f"model {config.name}: parameter {name} is required in its config.pbtxt")
+            continue
+        values[name] = _convert(config.name, name, hints[name], raw)
+    try:
+        return kind(**values)
+    except ValueError as error:
+        raise ConfigError(f"model {config.name}: {error}") from None
+
+
+def _convert(model: str, name: str, kind: type, raw: str):
+    try:
+        if kind is bool:
+            return _BOOLEANS[raw]
+        return kind(raw)
+    except (KeyError, ValueError):
+        expected = "true or false" if kind is bool else f"a{'n' if kind is int else ''} {kind.__name__}"
+        raise ConfigError(f"model {model}: parameter {name} must be {expected}, got {raw!r}") from None
+
+
+def _at_least(low: float, **values: float) -> None:
+    for name, value in values.items():
+        if value < low:
+            raise ValueError(f"parameter {name} must be >= {low:g}, got {value:g}")
+
+
+@dataclass(frozen=True)
+class DecoderParameters:
+    """`decoder` (see its config.pbtxt for each one's meaning)."""
+
+    backend: str
+    dtype: str
+    max_slots: int
+    max_seq_len: int  # 0: the build's
+    idle_timeout_s: float
+    num_threads: int  # 0: onnxruntime's / torch's own choice
+    metrics_interval_s: float
+    test_fail_token: int = -1  # test-only: a forward whose tokens hold it raises
+    test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
+
+    def __post_init__(self) -> None:
+        _at_least(1, max_slots=self.max_slots)
+        _at_least(0, max_seq_len=self.max_seq_len, idle_timeout_s=self.idle_timeout_s, num_threads=self.num_threads,
+                  metrics_interval_s=self.metrics_interval_s, test_delay_ms=self.test_delay_ms)
+
+
+@dataclass(frozen=True)
+class GenerateParameters:
+    """`generate`, `ensemble`, `tensorrt_llm_bls` (interface text) and `tensorrt_llm` (interface tokens)."""
+
+    interface: str
+    max_concurrent_sequences: int
+    max_queue_size: int
+    queue_timeout_s: float
+    max_context: int
+    max_prompt_tokens: int
+    max_output_tokens: int
+    max_step_batch: int
+    prefill_tokens_per_step: int  # 0: no limit
+    exit_on_dead_instance: bool
+    test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
+
+    def __post_init__(self) -> None:
+        _at_least(1, max_concurrent_sequences=self.max_concurrent_sequences, max_context=self.max_context,
+                  max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
+                  max_step_batch=self.max_step_batch)
+        _at_least(0, max_queue_size=self.max_queue_size, queue_timeout_s=self.queue_timeout_s,
+                  prefill_tokens_per_step=self.prefill_tokens_per_step, test_delay_ms=self.test_delay_ms)
+
+
+@dataclass(frozen=True)
+class SamplerParameters:
+    """`zero_check_sampler`. device: auto (cuda when available) | cpu | cuda."""
+
+    device: str
+    cuda_graph_max_top_k: int
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"parameter device must be auto, cpu or cuda, got {self.device!r}")
+        _at_least(1, cuda_graph_max_top_k=self.cuda_graph_max_top_k)
+
+    def resolved_device(self) -> str:
+        """The device, decided once: auto means cuda when torch sees one."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("parameter device is cuda but torch sees no GPU")
+        return self.device
+
+
+def built_max_seq_len(artifacts_dir: Path) -> int:
+    """The decoder's maximum sequence length recorded by build_engines.py (its KV-cache length)."""
+    manifest = json.loads((artifacts_dir / "manifest.json").read_text())
+    return int(manifest.get("options", {}).get("max_seq_len") or manifest.get("max_seq_len"))
