@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from reference_sampling import reference_probs
-from zerocheck.sampling import SamplingParams, ZeroCheckSampler
+from zerocheck.sampling import SamplingParamError, SamplingParams, ZeroCheckSampler
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -40,17 +39,80 @@ def test_make_sampler_is_eager_on_cpu(cuda_graph) -> None:
 
 
 def test_buckets_are_powers_of_two_then_the_max(cuda_graph) -> None:
-    assert cuda_graph.CudaGraphSampler(1000, 12, device="cuda").buckets == [1, 2, 4, 8, 12]
-    assert cuda_graph.CudaGraphSampler(1000, 8, device="cuda").buckets == [1, 2, 4, 8]
-    assert cuda_graph.CudaGraphSampler(1000, 1, device="cuda").buckets == [1]
+    assert cuda_graph.buckets_up_to(12) == [1, 2, 4, 8, 12]
+    assert cuda_graph.buckets_up_to(8) == [1, 2, 4, 8]
+    assert cuda_graph.buckets_up_to(1) == [1]
 
 
 def test_default_device_accepts_logits_on_cuda0(cuda_graph) -> None:
-    """Every CUDA tensor reports an indexed device (cuda:0); a sampler built with the default
-    device="cuda" must still treat it as its own, or it never replays a graph."""
-    sampler = cuda_graph.CudaGraphSampler(1000, 8)  # device="cuda"
-    logits = SimpleNamespace(device=torch.device("cuda", 0), shape=(2, 1000), dim=lambda: 2)
-    assert sampler._eligible(logits, [SamplingParams(top_k=5)] * 2)
+    """Every CUDA tensor reports an indexed device (cuda:0); a runner made for device "cuda" must
+    still treat it as its own, or it never replays a graph."""
+    assert cuda_graph.same_device(torch.device("cuda"), torch.device("cuda", 0))
+    assert not cuda_graph.same_device(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not cuda_graph.same_device(torch.device("cuda"), torch.device("cpu"))
+
+
+# --- the runner's logic on CPU: the graph's body run eagerly on the same static buffers ------------------
+
+def test_every_bucket_is_ready_at_load_and_tokens_equal_eager(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 12, device="cpu")
+    assert sorted(sampler._bodies) == sampler.buckets == [1, 2, 4, 8, 12]
+    eager = ZeroCheckSampler()
+    gen = torch.Generator().manual_seed(0)
+    for step, batch in enumerate([1, 3, 8, 12, 5]):
+        logits = torch.randn(batch, 1000, generator=gen) * 3
+        params = mixed_params(batch, 100 * step)
+        history = [[3, 5, 5, 7 + b] for b in range(batch)]
+        before = logits.clone()
+        out = sampler.sample(logits, params, history, step)
+        assert torch.equal(logits, before), "logits modified"
+        assert out.errors == [None] * batch
+        assert out.tokens.tolist() == eager.sample(logits, params, history, step).tokens.tolist(), (step, batch)
+    assert (sampler.replays, sampler.eager_calls) == (5, 0)
+
+
+def test_a_nan_under_a_banned_token_fails_its_row(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
+    logits = torch.randn(2, 1000)
+    logits[1, 3] = math.nan
+    params = [SamplingParams(top_k=5, seed=1), SamplingParams(top_k=5, seed=2, bad_words=((3,),))]
+    out = sampler.sample(logits, params)
+    assert sampler.replays == 1
+    assert out.errors == ZeroCheckSampler().sample(logits, params).errors == [None, "logits contain NaN"]
+
+
+def test_logits_rows_must_match_params(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
+    for rows in (1, 3):
+        with pytest.raises(SamplingParamError, match=f"logits have {rows} rows but 2 params were given"):
+            sampler.sample(torch.randn(rows, 1000), [SamplingParams(top_k=5)] * 2)
+
+
+def test_only_the_tied_rows_are_redrawn_eager(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
+    logits = torch.randn(3, 1000)
+    logits[0, :10] = 50.0  # the 3rd value is tied past the candidates
+    params = [SamplingParams(top_k=3, seed=b) for b in range(3)]
+    out = sampler.sample(logits, params)
+    assert (sampler.replays, sampler.eager_calls, sampler.eager_rows) == (1, 0, 1)
+    assert out.tokens.tolist() == ZeroCheckSampler().sample(logits, params).tokens.tolist()
+    assert int(out.tokens[0]) < 10
+
+
+def test_bf16_logits_are_replayed(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 8, device="cpu")
+    logits = (torch.randn(8, 1000) * 3).to(torch.bfloat16)
+    params = mixed_params(8, 7)
+    out = sampler.sample(logits, params)
+    assert sampler.replays == 1 and sampler.eager_calls == 0
+    assert out.tokens.tolist() == ZeroCheckSampler().sample(logits, params).tokens.tolist()
+
+
+def test_cuda_without_a_gpu_is_refused(cuda_graph) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+        cuda_graph.make_sampler(1000, 4, "cuda")
 
 
 # --- GPU ------------------------------------------------------------------------------------
@@ -93,7 +155,7 @@ def test_replays_count_and_ineligible_batches_run_eager(cuda_graph) -> None:
     tied = logits.clone()
     tied[:, :10] = 50.0  # ties past the top-k candidates: replay, then eager
     out = sampler.sample(tied, [SamplingParams(top_k=3, seed=3)] * 3)
-    assert sampler.eager_calls == 2 and set(out.tokens.tolist()) <= set(range(10))
+    assert (sampler.eager_calls, sampler.eager_rows) == (1, 3) and set(out.tokens.tolist()) <= set(range(10))
 
 
 @pytest.mark.gpu

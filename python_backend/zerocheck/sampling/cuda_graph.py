@@ -1,23 +1,30 @@
 """CUDA-graph runner for the zero-check sampler: one captured graph per batch-size bucket.
 
-A graph is captured lazily for each bucket (1, 2, 4, ... up to `max_batch_size`) over static
-buffers: logits [bucket, V] float32 and per-row parameter tensors. It covers the common serving
-case, where every row is greedy or has 0 < top_k <= `max_top_k` (top-p and min-p then act on the
-candidate set). Penalties and bans are sparse writes into the static logits buffer before replay.
-Batches outside that case (dense top-p rows, ties past the top-k candidates, larger batches) run
-the eager `ZeroCheckSampler`. The choice of runner is made once, by `make_sampler`, at load time.
+Every bucket (1, 2, 4, ... up to `max_batch_size`) is captured when the runner is made (load time, not
+mid-traffic: capture synchronises and empties the allocator's cache) over static buffers: logits
+[bucket, V] float32 (float16 / bfloat16 logits are converted by the copy in) and per-row parameter
+tensors. A graph serves the common case, where every row is greedy or has 0 < top_k <= `max_top_k`
+(top-p and min-p then act on the candidate set); penalties and bans are sparse writes into the static
+logits buffer before replay. A row whose k-th value is tied past the candidates (common with bf16
+logits) is redrawn alone by the eager `ZeroCheckSampler`, the other rows keep the graph's tokens;
+batches outside the case (dense rows, more rows than the largest bucket) run eager whole. On a CPU
+device the same body runs eagerly on the same buffers, so the runner's logic is tested without a GPU.
+The choice of runner is made once, by `make_sampler`, at load time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from . import ops
-from .batch import SamplingBatch, build_batch
-from .params import SamplingParams
-from .zero_check import SampleOutput, ZeroCheckSampler, as_float32, finish, resolve_posinf
+from .batch import SamplingBatch, build_batch, row_steps
+from .params import SamplingParamError, SamplingParams
+from .zero_check import SampleOutput, ZeroCheckSampler, finish, resolve_posinf
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def buckets_up_to(max_batch_size: int) -> list[int]:
@@ -47,15 +54,25 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
     return tokens, top, tied
 
 
+def same_device(runner: torch.device, tensor: torch.device) -> bool:
+    """Whether a tensor on `tensor` is on the runner's device: a runner made for "cuda" (no index)
+    takes "cuda:0" tensors (every CUDA tensor reports an index)."""
+    return tensor.type == runner.type and (runner.index is None or tensor.index == runner.index)
+
+
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
+class _Body:
+    """One bucket's step: static inputs, the outputs `replay` writes, and `replay` itself (a CUDA
+    graph's, or on CPU the same step run eagerly into the same outputs)."""
+
     inputs: dict[str, torch.Tensor]
     outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    replay: Callable[[], None]
 
 
 class CudaGraphSampler:
-    """Zero-check sampler replayed from CUDA graphs; same contract as `ZeroCheckSampler.sample`."""
+    """Zero-check sampler replayed from CUDA graphs; same contract as `ZeroCheckSampler.sample`.
+    replays: graph replays; eager_calls: batches run eager whole; eager_rows: tied rows redrawn eager."""
 
     def __init__(self, vocab_size: int, max_batch_size: int, device: str | torch.device = "cuda",
                  max_top_k: int = 64) -> None:
@@ -64,19 +81,16 @@ class CudaGraphSampler:
         self.width = min(max_top_k + 1, vocab_size)
         self.max_top_k = self.width - 1
         self.buckets = buckets_up_to(max_batch_size)
-        self.replays = 0
-        self.eager_calls = 0
+        self.replays = self.eager_calls = self.eager_rows = 0
         self._eager = ZeroCheckSampler()
-        self._graphs: dict[int, _Graph] = {}
+        self._bodies = {bucket: self._capture(bucket) for bucket in self.buckets}
 
     def _eligible(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> bool:
-        same_device = logits.device.type == self.device.type and (
-            self.device.index is None or logits.device.index == self.device.index)
-        return (same_device and logits.dim() == 2 and logits.shape[1] == self.vocab_size
-                and len(params) <= self.buckets[-1]
+        return (same_device(self.device, logits.device) and logits.dim() == 2 and logits.shape[1] == self.vocab_size
+                and logits.dtype in FLOAT_DTYPES and len(params) <= self.buckets[-1]
                 and all(p.is_greedy or 0 < p.top_k <= self.max_top_k for p in params))
 
-    def _capture(self, bucket: int) -> _Graph:
+    def _capture(self, bucket: int) -> _Body:
         f32 = dict(dtype=torch.float32, device=self.device)
         inputs = {
             "x": torch.zeros(bucket, self.vocab_size, **f32),
@@ -87,6 +101,14 @@ class CudaGraphSampler:
             "keys": torch.zeros(bucket, 2, dtype=torch.int64, device=self.device),
             "greedy": torch.ones(bucket, dtype=torch.bool, device=self.device),
         }
+        if self.device.type != "cuda":
+            outputs = candidate_step(**inputs, width=self.width)
+
+            def run_eagerly() -> None:
+                for out, value in zip(outputs, candidate_step(**inputs, width=self.width)):
+                    out.copy_(value)
+
+            return _Body(inputs, outputs, run_eagerly)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -96,12 +118,12 @@ class CudaGraphSampler:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = candidate_step(**inputs, width=self.width)
-        return _Graph(graph, inputs, outputs)
+        return _Body(inputs, outputs, graph.replay)
 
-    def _load(self, g: _Graph, x: torch.Tensor, batch: SamplingBatch) -> None:
+    def _load(self, body: _Body, logits: torch.Tensor, batch: SamplingBatch) -> None:
         rows = batch.size
-        inputs = g.inputs
-        inputs["x"][:rows].copy_(x)
+        inputs = body.inputs
+        inputs["x"][:rows].copy_(logits)  # float16 / bfloat16 converted here, no other copy
         inputs["temperature"][:rows].copy_(batch.temperature)
         inputs["top_k"][:rows].copy_(batch.top_k.clamp(min=1))
         inputs["top_p"][:rows].copy_(batch.top_p)
@@ -114,37 +136,52 @@ class CudaGraphSampler:
                history: Sequence[Sequence[int]] | None = None, step: int | Sequence[int] = 0) -> SampleOutput:
         """logits: [B, V] on `device` (left unchanged); step: one or one per row. Returns per-row
         tokens and errors."""
+        if logits.dim() == 2 and logits.shape[0] != len(params):
+            raise SamplingParamError(f"logits have {logits.shape[0]} rows but {len(params)} params were given")
         if not self._eligible(logits, params):
             self.eager_calls += 1
             return self._eager.sample(logits, params, history, step)
-        x, _ = as_float32(logits)
-        bucket = next(size for size in self.buckets if size >= len(params))
-        if bucket not in self._graphs:
-            self._graphs[bucket] = self._capture(bucket)
-        g = self._graphs[bucket]
+        body = self._bodies[next(size for size in self.buckets if size >= len(params))]
         batch = build_batch(params, self.vocab_size, history, step, self.device)
-        self._load(g, x, batch)
-        static_x = g.inputs["x"][:batch.size]
+        self._load(body, logits, batch)
+        static_x = body.inputs["x"][:batch.size]
         edits = ops.apply_penalties_and_bans(static_x, batch)
-        g.graph.replay()
+        body.replay()
         self.replays += 1
-        tokens, row_max, tied = (out[:batch.size].clone() for out in g.outputs)
-        if bool(tied.any()):
-            self.eager_calls += 1
-            return self._eager.sample(logits, params, history, step)
+        tokens, row_max, tied = (out[:batch.size].clone() for out in body.outputs)
         resolve_posinf(static_x, tokens, row_max, batch)
         if edits is not None:
             edits.restore(static_x)
-        return finish(static_x, tokens, row_max)
+            row_max[edits.nan_rows()] = math.nan  # a NaN the bans or penalties overwrote still fails its row
+        out = finish(static_x, tokens, row_max)
+        tied_rows = tied.nonzero().flatten().tolist()
+        if tied_rows:
+            self._redraw(out, tied_rows, logits, params, history, row_steps(step, len(params)))
+        return out
+
+    def _redraw(self, out: SampleOutput, rows: list[int], logits: torch.Tensor, params: Sequence[SamplingParams],
+                history: Sequence[Sequence[int]] | None, steps: list[int]) -> None:
+        """Draw the rows whose k-th value is tied past the candidates with the eager sampler (whole
+        rows), in place of the graph's tokens; the other rows keep theirs."""
+        self.eager_rows += len(rows)
+        index = torch.tensor(rows, device=logits.device)
+        redo = self._eager.sample(logits.index_select(0, index), [params[r] for r in rows],
+                                  [history[r] for r in rows] if history is not None else None,
+                                  [steps[r] for r in rows])
+        out.tokens[index] = redo.tokens.to(out.tokens.device)
+        for r, error in zip(rows, redo.errors):
+            out.errors[r] = error
 
 
 def make_sampler(vocab_size: int, max_batch_size: int, device: str | torch.device = "cpu",
                  max_top_k: int = 64) -> ZeroCheckSampler | CudaGraphSampler:
-    """The runner for this process, chosen once: CUDA graphs on a CUDA device; on CPU the compiled
-    kernel for greedy and top-k rows when numba is installed (benchmarks/sampler.py: 2-3x faster than
-    eager torch), eager torch otherwise."""
+    """The runner for this process, chosen once: CUDA graphs on a CUDA device (every bucket captured
+    now); on CPU the compiled kernel for greedy and top-k rows when numba is installed
+    (benchmarks/sampler.py: 2-3x faster than eager torch), eager torch otherwise."""
     device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_available():
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device} asked for, but torch sees no CUDA device")
         return CudaGraphSampler(vocab_size, max_batch_size, device, max_top_k)
     sampler = ZeroCheckSampler(compiled=True)
     sampler.sample(torch.zeros(2, vocab_size), [SamplingParams(temperature=0.0), SamplingParams(top_k=2, seed=0)])
