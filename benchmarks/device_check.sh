@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# GPU check for a lent GPU machine (e.g. one H200 with CUDA torch; no TensorRT needed).
+# The GPU check for a lent GPU machine (one GPU, CUDA torch, no network, nothing installed from this
+# project): the package runs from the checkout (PYTHONPATH), only the GPU test module is collected.
 #
 #   bash benchmarks/device_check.sh            # on the GPU machine
-#   bash benchmarks/device_check.sh --dry-run  # print the plan only (runs one trivial command)
+#   bash benchmarks/device_check.sh --dry-run  # print the plan and probe CUDA; run nothing
 #
-# Steps, each bounded by `timeout` and by a total budget (DEVICE_CHECK_BUDGET_S, default 450 s):
-#   1. pytest tests -m gpu -q                                  (CUDA-graph sampler tests)
-#   2. python benchmarks/sampler.py --device cuda              (sampler microbenchmark)
-#   3. python benchmarks/sampler_baselines.py --device cuda    (FlashInfer-style / sort-based baselines)
-# Without a CUDA device the GPU-only step 1 is skipped ("skipped: no CUDA device") and the
-# benchmarks run with --device cpu; the script then exits 0 unless a step that ran failed.
-# Logs go to $OUT/device_check (when the device tool sets OUT) or benchmarks/results/device_check.
+# Without CUDA it refuses to pass (exit 1), dry run included: a CPU fallback would prove nothing.
+# Steps, each bounded by `timeout` and all by DEVICE_CHECK_BUDGET_S (default 420 s):
+#   1. pytest tests/test_cuda_graph_sampler.py -m gpu     (the CUDA-graph sampler's GPU tests)
+#   2. python benchmarks/gpu_check.py                     (graph == eager, host syncs, reproducibility,
+#                                                          bf16 share, chi-square, latencies: JSON)
+#   3. python benchmarks/sampler.py --device cuda --quick (sampler microbenchmark: JSON)
+# Logs and JSON go to $OUT/device_check (when the device tool sets OUT) or benchmarks/results/device_check;
+# summary.json there says how each step ended.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -18,67 +20,74 @@ dry_run=0
 for arg in "$@"; do
     case $arg in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (expected --dry-run)" >&2; exit 2 ;;
     esac
 done
 
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
-budget=${DEVICE_CHECK_BUDGET_S:-450}
+export PYTHONPATH="$PWD/python_backend:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+budget=${DEVICE_CHECK_BUDGET_S:-420}
 deadline=$((SECONDS + budget))
 log_dir=${OUT:-benchmarks/results}/device_check
 failed=()
+results=()
 
-if [[ $dry_run == 1 ]]; then
-    device="cuda (if present) or cpu"
-    echo "device_check: dry run: the plan only, CUDA not probed; python: $("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
-elif "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    device=cuda
+if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    cuda=1
     "$PYTHON" -c 'import torch; print("device_check: torch", torch.__version__, "cuda", torch.version.cuda, "on", torch.cuda.get_device_name(0))'
 else
-    device=cpu
-    echo "device_check: no CUDA device: running on CPU"
+    cuda=0
 fi
 
-# step NAME LIMIT_S GPU_ONLY FILE -- COMMAND...: run one bounded step, or say why not.
+# step NAME LIMIT_S -- COMMAND...: run one bounded step (or, in a dry run, say what would run).
 step() {
-    local name=$1 limit=$2 gpu_only=$3 file=$4
-    shift 5
+    local name=$1 limit=$2
+    shift 3
     local left=$((deadline - SECONDS))
     ((limit > left)) && limit=$left
-    if [[ -n $file && ! -f $file ]]; then
-        echo "[$name] skipped: $file not found"
-    elif [[ $dry_run == 1 ]]; then
-        local when=""
-        [[ $gpu_only == 1 ]] && when=" with CUDA (without: skipped: no CUDA device)"
-        echo "[$name] would run$when (timeout ${limit}s): $*"
-    elif [[ $gpu_only == 1 && $device != cuda ]]; then
-        echo "[$name] skipped: no CUDA device"
-    elif ((limit < 10)); then
-        echo "[$name] skipped: total budget of ${budget}s spent"
+    if [[ $dry_run == 1 ]]; then
+        echo "[$name] would run (timeout ${limit}s): $*"
+        return
+    fi
+    if ((limit < 10)); then
+        echo "[$name] not run: the budget of ${budget}s is spent"
+        failed+=("$name"); results+=("\"$name\": \"budget spent\"")
+        return
+    fi
+    echo "[$name] running (timeout ${limit}s): $*"
+    local start=$SECONDS rc
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+    rc=${PIPESTATUS[0]}
+    if ((rc == 0)); then
+        echo "[$name] ok in $((SECONDS - start))s"
+        results+=("\"$name\": \"ok\"")
     else
-        mkdir -p "$log_dir"
-        echo "[$name] running (timeout ${limit}s): $*"
-        local start=$SECONDS rc
-        timeout -k 10 "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
-        rc=${PIPESTATUS[0]}
-        if ((rc == 0)); then
-            echo "[$name] ok in $((SECONDS - start))s"
-        elif ((rc == 5)) && [[ $1 == "$PYTHON" && ${2:-} == -m && ${3:-} == pytest ]]; then
-            echo "[$name] skipped: pytest collected no test"
-        else
-            ((rc == 124 || rc == 137)) && echo "[$name] timed out after ${limit}s" || echo "[$name] failed: exit $rc"
-            failed+=("$name")
-        fi
+        ((rc == 124 || rc == 137)) && echo "[$name] timed out after ${limit}s" || echo "[$name] failed: exit $rc"
+        failed+=("$name"); results+=("\"$name\": \"exit $rc\"")
     fi
 }
 
-step gpu-tests 200 1 "" -- "$PYTHON" -m pytest tests -m gpu -q
-step sampler-bench 150 0 benchmarks/sampler.py -- "$PYTHON" benchmarks/sampler.py --device "${device%% *}"
-step sampler-baselines 100 0 benchmarks/sampler_baselines.py -- "$PYTHON" benchmarks/sampler_baselines.py --device "${device%% *}"
+if [[ $cuda == 0 && $dry_run == 0 ]]; then
+    echo "device_check: FAILED: torch sees no CUDA device; this check only passes on a GPU" >&2
+    exit 1
+fi
+[[ $dry_run == 0 ]] && mkdir -p "$log_dir"
+step gpu-tests 150 -- "$PYTHON" -m pytest tests/test_cuda_graph_sampler.py -m gpu -q -p no:cacheprovider --noconftest
+step gpu-check 180 -- "$PYTHON" benchmarks/gpu_check.py --out "$log_dir"
+step sampler-bench 90 -- "$PYTHON" benchmarks/sampler.py --device cuda --quick --json "$log_dir/sampler_cuda.json"
 
+if [[ $dry_run == 1 ]]; then
+    if [[ $cuda == 0 ]]; then
+        echo "device_check: dry run: no CUDA device here, so the check would refuse to pass" >&2
+        exit 1
+    fi
+    echo "device_check: dry run: CUDA present, the plan above would run"
+    exit 0
+fi
+(IFS=,; echo "{${results[*]}, \"seconds\": $SECONDS}") > "$log_dir/summary.json"
 if ((${#failed[@]})); then
     echo "device_check: FAILED: ${failed[*]} (logs in $log_dir)"
     exit 1
 fi
-echo "device_check: done on $device in ${SECONDS}s"
+echo "device_check: done in ${SECONDS}s (logs and JSON in $log_dir)"
