@@ -5,7 +5,7 @@ of the CUDA-graph sampler, then latencies, as JSON; exit 1 when a check fails or
     python benchmarks/gpu_check.py --device cpu --quick --out /tmp/x   # the same code on CPU, small (a dry run)
 
 Checks: graph tokens == eager tokens over several steps and bucket sizes with mixed rows (logit bias,
-penalties, bans, min_p, top_p, greedy) at V=32000 and 128256; host syncs per call
+penalties, bans, min_p, top_p, greedy, default dense rows) at V=32000 and 128256; host syncs per call
 (`torch.cuda.set_sync_debug_mode`); seeded reproducibility across batch positions; the share of bf16
 rows the graph serves (ties send rows eager); chi-square of graph draws against a float64 reference at
 V=128256 through the group pre-filter. Latency: median ms per call at B 1/8/32/64, V=128256, of the
@@ -36,7 +36,8 @@ def mixed_params(batch: int, seed: int) -> list[SamplingParams]:
              SamplingParams(top_k=20, top_p=0.8, temperature=0.7), SamplingParams(top_k=64, min_p=0.1),
              SamplingParams(top_k=10, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
                             bad_words=((3,), (5, 9))),
-             SamplingParams(top_k=50, logit_bias=((7, 4.0), (11, -100.0)))]
+             SamplingParams(top_k=50, logit_bias=((7, 4.0), (11, -100.0))),
+             SamplingParams(), SamplingParams(temperature=0.8, min_p=0.05, repetition_penalty=1.1)]  # dense rows
     return [replace(kinds[b % len(kinds)], seed=seed + b) for b in range(batch)]
 
 

@@ -71,6 +71,34 @@ def test_every_bucket_is_ready_at_load_and_tokens_equal_eager(cuda_graph) -> Non
     assert (sampler.replays, sampler.eager_calls) == (5, 0)
 
 
+@pytest.mark.parametrize("mix", ["dense", "mixed"])
+def test_default_rows_replay_the_dense_step(cuda_graph, mix: str) -> None:
+    """Rows with neither top-k nor top-p (the default T=1, temperature, min-p) are served by the graph's
+    dense step, with the eager sampler's tokens, alone or beside top-k and greedy rows."""
+    sampler = cuda_graph.CudaGraphSampler(1000, 8, device="cpu")
+    dense = [SamplingParams(seed=1), SamplingParams(temperature=0.6, seed=2), SamplingParams(min_p=0.05, seed=3),
+             SamplingParams(temperature=1.5, min_p=0.2, repetition_penalty=1.2, bad_words=((3,),), seed=4)]
+    params = dense if mix == "dense" else dense + mixed_params(4, 50)
+    history = [[3, 5, 9, b] for b in range(len(params))]
+    gen = torch.Generator().manual_seed(3)
+    eager = ZeroCheckSampler()
+    for step in range(4):
+        logits = torch.randn(len(params), 1000, generator=gen) * 3
+        logits[0, 17] = math.inf if step == 3 else logits[0, 17]
+        out = sampler.sample(logits, params, history, step)
+        assert out.tokens.tolist() == eager.sample(logits, params, history, step).tokens.tolist(), step
+    assert (sampler.replays, sampler.eager_calls) == (4, 0)
+    assert int(out.tokens[0]) == 17  # +inf: all the mass
+
+
+def test_top_p_rows_without_top_k_run_eager(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
+    logits, params = torch.randn(2, 1000), [SamplingParams(top_p=0.9, seed=1), SamplingParams(top_k=5, seed=2)]
+    out = sampler.sample(logits, params)
+    assert (sampler.replays, sampler.eager_calls) == (0, 1)
+    assert out.tokens.tolist() == ZeroCheckSampler().sample(logits, params).tokens.tolist()
+
+
 def test_a_nan_under_a_banned_token_fails_its_row(cuda_graph) -> None:
     sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
     logits = torch.randn(2, 1000)

@@ -3,12 +3,15 @@
 Every bucket (1, 2, 4, ... up to `max_batch_size`) is captured when the runner is made (load time, not
 mid-traffic: capture synchronises and empties the allocator's cache) over static buffers: logits
 [bucket, V] float32 (float16 / bfloat16 logits are converted by the copy in) and per-row parameter
-tensors. A graph serves the common case, where every row is greedy or has 0 < top_k <= `max_top_k`
-(top-p and min-p then act on the candidate set); penalties and bans are sparse writes into the static
-logits buffer before replay. A row whose k-th value is tied past the candidates (common with bf16
-logits) is redrawn alone by the eager `ZeroCheckSampler`, the other rows keep the graph's tokens;
-batches outside the case (dense rows, more rows than the largest bucket) run eager whole. On a CPU
-device the same body runs eagerly on the same buffers, so the runner's logic is tested without a GPU.
+tensors. Each bucket holds two steps over the same buffers: the candidate step for greedy rows and
+rows with 0 < top_k <= `max_top_k` (top-p and min-p then act on the candidates), and the dense step
+for rows with neither top-k nor top-p (the default: temperature and min-p over whole rows, the
+two-stage race); a batch replays the ones its rows need. Penalties and bans are sparse writes into
+the static logits buffer before replay. A row whose k-th value is tied past the candidates (common
+with bf16 logits) is redrawn alone by the eager `ZeroCheckSampler`, the other rows keep the graph's
+tokens; batches holding a top-p row without top-k (its exact threshold is not capturable) or more
+rows than the largest bucket run eager whole. On a CPU device the same steps run eagerly on the same
+buffers, so the runner's logic is tested without a GPU.
 The choice of runner is made once, by `make_sampler`, at load time.
 """
 from __future__ import annotations
@@ -54,6 +57,18 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
     return tokens, top, tied
 
 
+def dense_step(x: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, keys: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static-shape dense draw with no host sync (capturable): temperature and min-p over whole rows,
+    then the two-stage race, the eager sampler's dense path for rows without top-k or top-p, op for op.
+    Returns tokens [R] int64 and row max [R] float32 (rows that are not finite are resolved after)."""
+    top = x.amax(-1)
+    shift = torch.where(torch.isfinite(top), top, 0.0)
+    y = (x - shift.unsqueeze(1)).mul_((1.0 / temperature).unsqueeze(1))
+    w = torch.exp(y).masked_fill_(y < torch.log(min_p).unsqueeze(1), 0.0)
+    return ops.race_draw_dense(y, w, keys), top
+
+
 def same_device(runner: torch.device, tensor: torch.device) -> bool:
     """Whether a tensor on `tensor` is on the runner's device: a runner made for "cuda" (no index)
     takes "cuda:0" tensors (every CUDA tensor reports an index)."""
@@ -61,13 +76,22 @@ def same_device(runner: torch.device, tensor: torch.device) -> bool:
 
 
 @dataclass
+class _Step:
+    """A captured step: the outputs `replay` writes (a CUDA graph's replay, or on CPU the step run
+    eagerly into the same outputs)."""
+
+    outputs: tuple[torch.Tensor, ...]
+    replay: Callable[[], None]
+
+
+@dataclass
 class _Body:
-    """One bucket's step: static inputs, the outputs `replay` writes, and `replay` itself (a CUDA
-    graph's, or on CPU the same step run eagerly into the same outputs)."""
+    """One bucket: static inputs, shared by its candidate step (greedy and top-k rows) and its dense
+    step (rows without top-k or top-p)."""
 
     inputs: dict[str, torch.Tensor]
-    outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    replay: Callable[[], None]
+    candidate: _Step
+    dense: _Step
 
 
 class CudaGraphSampler:
@@ -88,7 +112,8 @@ class CudaGraphSampler:
     def _eligible(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> bool:
         return (same_device(self.device, logits.device) and logits.dim() == 2 and logits.shape[1] == self.vocab_size
                 and logits.dtype in FLOAT_DTYPES and len(params) <= self.buckets[-1]
-                and all(p.is_greedy or 0 < p.top_k <= self.max_top_k for p in params))
+                and all(p.is_greedy or 0 < p.top_k <= self.max_top_k or (p.top_k == 0 and p.top_p == 1.0)
+                        for p in params))
 
     def _capture(self, bucket: int) -> _Body:
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -101,24 +126,34 @@ class CudaGraphSampler:
             "keys": torch.zeros(bucket, 2, dtype=torch.int64, device=self.device),
             "greedy": torch.ones(bucket, dtype=torch.bool, device=self.device),
         }
+
+        def candidate() -> tuple[torch.Tensor, ...]:
+            return candidate_step(**inputs, width=self.width)
+
+        def dense() -> tuple[torch.Tensor, ...]:
+            return dense_step(inputs["x"], inputs["temperature"], inputs["min_p"], inputs["keys"])
+
+        return _Body(inputs, self._capture_step(candidate), self._capture_step(dense))
+
+    def _capture_step(self, step: Callable[[], tuple[torch.Tensor, ...]]) -> _Step:
         if self.device.type != "cuda":
-            outputs = candidate_step(**inputs, width=self.width)
+            outputs = step()
 
             def run_eagerly() -> None:
-                for out, value in zip(outputs, candidate_step(**inputs, width=self.width)):
+                for out, value in zip(outputs, step()):
                     out.copy_(value)
 
-            return _Body(inputs, outputs, run_eagerly)
+            return _Step(outputs, run_eagerly)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up kernels and the caching allocator outside the capture
-                candidate_step(**inputs, width=self.width)
+                step()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outputs = candidate_step(**inputs, width=self.width)
-        return _Body(inputs, outputs, graph.replay)
+            outputs = step()
+        return _Step(outputs, graph.replay)
 
     def _load(self, body: _Body, logits: torch.Tensor, batch: SamplingBatch) -> None:
         rows = batch.size
@@ -146,9 +181,18 @@ class CudaGraphSampler:
         self._load(body, logits, batch)
         static_x = body.inputs["x"][:batch.size]
         edits = ops.apply_penalties_and_bans(static_x, batch)
-        body.replay()
+        dense_rows = [not greedy and k == 0 for greedy, k in zip(batch.greedy, batch.top_k_list)]
+        if not all(dense_rows):
+            body.candidate.replay()
+        if any(dense_rows):
+            body.dense.replay()
         self.replays += 1
-        tokens, row_max, tied = (out[:batch.size].clone() for out in body.outputs)
+        tokens, row_max, tied = (out[:batch.size].clone() for out in body.candidate.outputs)
+        if any(dense_rows):
+            dense = torch.tensor(dense_rows, device=self.device)
+            tokens = torch.where(dense, body.dense.outputs[0][:batch.size], tokens)
+            row_max = torch.where(dense, body.dense.outputs[1][:batch.size], row_max)
+            tied &= ~dense
         resolve_posinf(static_x, tokens, row_max, batch)
         if edits is not None:
             edits.restore(static_x)
