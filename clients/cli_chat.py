@@ -5,8 +5,12 @@ template). `/reset` starts over, `/exit` or Ctrl-D quits, Ctrl-C stops the reply
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from typing import TextIO
+import threading
+from contextlib import contextmanager
+from types import FrameType
+from typing import Iterator, TextIO
 
 from zerocheck.clients.cli_options import add_connection_arguments, add_generation_arguments, generation_kwargs, url_of
 from zerocheck.clients.client import Client
@@ -41,21 +45,45 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         stream = self.client.chat_stream(self.messages, **self.kwargs)
         reply: list[str] = []
-        try:
-            for event in stream:
-                reply.append(event.text)
-                self.out.write(event.text)
-                self.out.flush()
-        except KeyboardInterrupt:
-            stream.close()  # cancels the request on the server
-            self.out.write(" [stopped]")
-        except ZerocheckError as error:
-            self.messages.pop()
-            self.out.write(f"\nerror: {error_label(error)}: {error.message}\n"
-                           f"(the turn was not kept; {RESET} starts a new conversation)\n")
-            return
+        with _interrupts() as interrupted:
+            try:
+                for event in stream:
+                    reply.append(event.text)
+                    self.out.write(event.text)
+                    self.out.flush()
+                    if interrupted.is_set():  # Ctrl-C came while a finalizer ran, which swallowed it
+                        raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                stream.close()  # cancels the request on the server
+                self.out.write(" [stopped]")
+            except ZerocheckError as error:
+                self.messages.pop()
+                self.out.write(f"\nerror: {error_label(error)}: {error.message}\n"
+                               f"(the turn was not kept; {RESET} starts a new conversation)\n")
+                return
         self.out.write("\n")
         self.messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+@contextmanager
+def _interrupts() -> Iterator[threading.Event]:
+    """Ctrl-C during a reply raises KeyboardInterrupt as usual, and is also recorded: an exception
+    raised while a finalizer (`__del__`) runs is dropped by Python, so the reply loop checks the record
+    after each token. Only the main thread takes signals; elsewhere nothing is installed."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:

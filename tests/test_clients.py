@@ -155,3 +155,31 @@ def test_cli_health(triton_server: TritonServer) -> None:
         assert missing.returncode == 1 and re.search(r"^nonexistent\s+NOT READY", missing.stdout, re.M)
     down = zerocheck_cli("health", "--url", "127.0.0.1:1", "--protocol", "http", "--connect-timeout", "1")
     assert down.returncode == 1 and "NOT READY" in down.stdout
+
+
+def test_chat_stops_a_reply_when_ctrl_c_lands_in_a_finalizer(recwarn) -> None:
+    """Python drops an exception raised while a finalizer runs: a Ctrl-C that arrives then still stops the
+    reply at the next token (zerocheck chat records the signal as well as raising it)."""
+    import io
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from zerocheck.clients.cli_chat import ChatSession
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):  # the handler runs here, inside the finalizer: its exception is dropped
+                pass
+
+    class FakeClient:
+        def chat_stream(self, messages, **kwargs):
+            for i in range(10):
+                if i == 2:
+                    Finalized()
+                yield SimpleNamespace(text=f"t{i} ")
+
+    out = io.StringIO()
+    ChatSession(FakeClient(), None, {}, out).turn("hi")
+    assert out.getvalue() == "t0 t1 t2  [stopped]\n", out.getvalue()

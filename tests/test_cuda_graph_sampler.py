@@ -24,10 +24,11 @@ def cuda_graph():
 
 
 def mixed_params(batch: int, base_seed: int) -> list[SamplingParams]:
-    """Graph-eligible rows: greedy, top-k, top-k with top-p / min-p / temperature, penalties."""
+    """Graph-eligible rows: greedy, top-k, top-k with top-p / min-p / temperature, penalties, dense."""
     kinds = [SamplingParams(temperature=0.0), SamplingParams(top_k=40), SamplingParams(top_k=1),
              SamplingParams(top_k=20, top_p=0.8, temperature=0.7), SamplingParams(top_k=64, min_p=0.1),
-             SamplingParams(top_k=10, repetition_penalty=1.3, presence_penalty=0.4, bad_words=((3,),))]
+             SamplingParams(top_k=10, repetition_penalty=1.3, presence_penalty=0.4, bad_words=((3,),)),
+             SamplingParams(temperature=0.8, min_p=0.05)]  # a dense row: the graph's dense step
     return [replace(kinds[b % len(kinds)], seed=base_seed + b) for b in range(batch)]
 
 

@@ -132,6 +132,13 @@ def test_shipped_parameters_parse_into_their_dataclass_without_test_knobs(model,
     assert not [key for key in model_config(model).parameters if key.startswith("test_")]
 
 
+def test_a_step_fits_the_step_models_batch():
+    for model in ("generate", "ensemble", "tensorrt_llm_bls", "tensorrt_llm"):
+        step_batch = parameters(GenerateParameters, model_config(model)).max_step_batch
+        for step_model in ("decoder", "checked_step"):
+            assert step_batch <= int(re.search(r"max_batch_size: (\d+)", config(step_model))[1]), (model, step_model)
+
+
 def test_a_bad_parameter_is_named():
     with pytest.raises(ConfigError, match="model decoder: unknown parameter.s. max_slot;"):
         parameters(DecoderParameters, model_config("decoder", max_slot="8"))

@@ -247,8 +247,11 @@ def test_chat_command_keeps_history_resets_and_stops_a_reply_on_ctrl_c(served):
         chat.stdin.write("My name is Ada. What is the capital of France?\n")
         at = wait_for("you> ", wait_for("Paris", at))
         chat.stdin.write("Write a very long story about a dragon who learns to cook.\n")
+        started = time.monotonic()
         at = wait_for("assistant> ", at)
-        time.sleep(1.0)  # some of the reply has streamed
+        while len("".join(output)) < at + 20:  # some of the reply has streamed
+            assert time.monotonic() - started < 60 and chat.poll() is None, "".join(output)
+            time.sleep(0.05)
         chat.send_signal(signal.SIGINT)
         at = wait_for("you> ", wait_for("[stopped]", at))
         deadline = time.monotonic() + 10

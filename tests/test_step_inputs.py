@@ -101,3 +101,17 @@ def test_release_rows_hold_no_tokens():
     arrays = release_arrays(["a", "b"])
     assert [unpadded(row).tolist() for row in arrays["input_ids"]] == [[], []]
     assert arrays["sequence_end"].reshape(-1).tolist() == [True, True]
+
+
+def test_a_prompt_length_shorter_than_the_first_step_is_refused():
+    arrays = step_arrays([call("a", [1, 2, 3], Registration(SamplingParams(), prompt_length=5))])
+    arrays["prompt_length"][0, 0] = 2
+    with pytest.raises(InvalidRequest, match="prompt_length must be 0 or at least the first step's 3 tokens, got 2"):
+        parse_step(arrays, V)
+
+
+def test_an_unseeded_row_beside_seeded_ones_gets_its_own_seed():
+    arrays = step_arrays([call("a", [1], Registration(SamplingParams(seed=7))),
+                          call("b", [2], Registration(SamplingParams())), call("c", [3], Registration(SamplingParams()))])
+    seeds = arrays["random_seed"].reshape(-1).tolist()
+    assert seeds[0] == 7 and len(set(seeds)) == 3

@@ -13,6 +13,7 @@ import asyncio
 import triton_python_backend_utils as pb_utils
 
 from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_message, log
+from zerocheck.api.sampler_path import SamplerPath
 from zerocheck.generate.responses import INTERFACES, TEXT, TOKENS
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
@@ -41,7 +42,7 @@ async def bls(model: str, arrays: dict, outputs: list) -> dict:
     return {name: tensor.as_numpy().copy() for name, tensor in found.items() if tensor is not None}
 
 
-async def bls_step(path: str, calls: list) -> list:
+async def bls_step(path: SamplerPath, calls: list) -> list:
     return step_results(path, await bls(STEP_MODELS[path], step_arrays(calls), STEP_OUTPUTS[path]), len(calls))
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from zerocheck import REPO_ROOT
 from zerocheck.build.errors import BuildError
 from zerocheck.build.options import TINY_FIELDS, BuildOptions
 from zerocheck.build.pipeline import build_artifacts
 from zerocheck.build.sources import DEFAULT_MODEL, PACKAGED_MODELS, TINY_MODEL
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO_ROOT / "artifacts"
 
 

@@ -33,7 +33,7 @@ class SequenceState:
             params = replace(params, seed=_seeds.getrandbits(64))
         early = replace(params, bad_words=params.bad_words + tuple((end,) for end in registration.end_ids)) \
             if registration.min_tokens and registration.end_ids else params
-        keeps = params.has_penalties or bool(early.bad_words)
+        keeps = params.has_penalties or bool(params.bad_words)  # end-id bans are one token: no history needed
         return cls(params, early, registration.min_tokens, registration.prompt_length, TokenHistory() if keeps else None)
 
     def feed(self, tokens: list[int]) -> None:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .history import counts_of
+from .history import TokenHistory, counts_of
 from .noise import row_keys
 from .params import SamplingParamError, SamplingParams
 
@@ -100,14 +100,15 @@ def _check_ids(row: int, ids: Sequence[int], vocab_size: int, what: str) -> None
 
 def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequence[int]] | None,
                       vocab_size: int, device: torch.device | str) -> SparsePenalties | None:
-    """Penalised rows' (row, token) pairs from their histories' counts (kept up to date by a
-    TokenHistory: no re-count of the whole history per step)."""
+    """Penalised rows' (row, token) pairs from their histories' counts: O(distinct ids) per step with a
+    TokenHistory (kept up to date as it grows: no re-count, no sort of the whole history)."""
     rows = [b for b, p in enumerate(params) if p.has_penalties and history is not None and len(history[b])]
     if not rows:
         return None
     counted = [counts_of(history[b]) for b in rows]
     for b, counts in zip(rows, counted):
-        _check_ids(b, list(counts), vocab_size, "history")
+        if not isinstance(history[b], TokenHistory):  # a TokenHistory holds ids its owner already checked
+            _check_ids(b, list(counts), vocab_size, "history")
     sizes = torch.tensor([len(counts) for counts in counted])
     pair_rows = torch.repeat_interleave(torch.tensor(rows), sizes)
     tokens = torch.tensor([token for counts in counted for token in counts], dtype=torch.int64)

@@ -102,6 +102,8 @@ class CudaGraphSampler:
                  max_top_k: int = 64) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # its buffers' device, named exactly
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.width = min(max_top_k + 1, vocab_size)
         self.max_top_k = self.width - 1
         self.buckets = buckets_up_to(max_batch_size)

@@ -16,7 +16,8 @@ from typing import Mapping, TypeVar
 
 from zerocheck import REPO_ROOT
 
-SHARED_PARAMETERS = ("artifacts",)  # read by ModelConfig itself, any model may set them
+# read by ModelConfig itself, or by the Python backend: any model may set them
+SHARED_PARAMETERS = ("artifacts", "EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 _BOOLEANS = {"true": True, "false": False}
 
 

@@ -21,6 +21,7 @@ Row r of every tensor is the r-th sequence of the step; ragged id rows are padde
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -44,6 +45,7 @@ DECODER_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS  # also the inputs of the ste
 DECODER_OUTPUTS = (TensorSpec("logits", "TYPE_FP32", (-1,)), TensorSpec("output_id", "TYPE_INT32"),
                    TensorSpec("error", "TYPE_STRING"), *(spec.as_output() for spec in SAMPLER_INPUTS))
 MAX_END_IDS = 64
+_seeds = random.Random()  # seeded from os.urandom at import
 
 # per path: the model one batched step calls, and its outputs (token, row error[, log-probability]). The
 # zero-check path calls `decoder` itself (its sampler is fused after the forward; the one-step ensemble
@@ -125,8 +127,9 @@ def registration_arrays(registrations: Sequence[Registration | None], sent: Sequ
         values = [getattr(p, spec.name) for p in params]
         if any(value != getattr(blank.params, spec.name) for value in values):
             arrays[spec.name] = column(values, spec.numpy)
-    if any(p.seed is not None for p in params):
-        arrays["random_seed"] = column([p.seed or 0 for p in params], np.uint64)
+    if any(p.seed is not None for p in params):  # an unseeded row beside seeded ones gets a seed of its own
+        arrays["random_seed"] = column([p.seed if p.seed is not None else _seeds.getrandbits(64) for p in params],
+                                       np.uint64)
     if any(p.bad_words for p in params):
         arrays["bad_words"] = encode_word_lists([p.bad_words for p in params])
     if any(p.logit_bias for p in params):
@@ -182,8 +185,11 @@ def parse_step(arrays: Mapping[str, np.ndarray], vocab_size: int | None = None) 
     steps = [StepRow(seq_id.decode() if isinstance(seq_id, bytes) else str(seq_id), unpadded(row).tolist(),
                      bool(start), bool(end)) for seq_id, row, start, end in zip(seq_ids, ids, starts, ends)]
     if any(starts):
-        for step, registration in zip(steps, parse_registrations(arrays, starts, vocab_size)):
+        for r, (step, registration) in enumerate(zip(steps, parse_registrations(arrays, starts, vocab_size))):
             step.registration = registration
+            if registration is not None and 0 < registration.prompt_length < len(step.tokens):
+                raise InvalidRequest(("" if rows == 1 else f"row {r}: ") + "prompt_length must be 0 or at least the "
+                                     f"first step's {len(step.tokens)} tokens, got {registration.prompt_length}")
     return steps
 
 
