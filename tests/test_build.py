@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,27 @@ def test_changed_checkpoint_triggers_a_rebuild(tmp_path: Path, capsys: pytest.Ca
     (checkpoint / "generation_config.json").write_text('{"do_sample": false}\n')
     build_artifacts(options, tmp_path / "second")
     assert "up to date" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("max_seq_len", [16, 255, 256, 2048])
+def test_tensorrt_profile_is_ordered_for_any_max_seq_len(max_seq_len: int) -> None:
+    """TensorRT refuses a profile whose optimum passes its maximum (a short --max-seq-len did); the batch
+    range is the decoder model's max_batch_size."""
+    from types import SimpleNamespace
+
+    from zerocheck.build.tensorrt_engines import profile_shapes
+
+    config = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=8)
+    decoder_config = Path(__file__).resolve().parents[1] / "model_repository" / "decoder" / "config.pbtxt"
+    decoder_batch = int(re.search(r"max_batch_size: (\d+)", decoder_config.read_text())[1])
+    for name, (low, opt, high) in profile_shapes(config, max_seq_len).items():
+        assert all(a <= b <= c for a, b, c in zip(low, opt, high)), (name, low, opt, high)
+    assert profile_shapes(config, max_seq_len)["tokens"][2][0] == decoder_batch
+
+
+def test_tensorrt_llm_1x_is_refused_by_name() -> None:
+    from zerocheck.build.tensorrt_engines import check_tensorrt_llm_version
+
+    check_tensorrt_llm_version("0.20.0")
+    with pytest.raises(BuildError, match="found TensorRT-LLM 1.0.0, where that API is gone: install tensorrt_llm<1"):
+        check_tensorrt_llm_version("1.0.0")

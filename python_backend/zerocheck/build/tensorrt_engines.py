@@ -1,9 +1,11 @@
 """GPU-only builds: a TensorRT engine from the ONNX step, and a TensorRT-LLM engine from the HF model.
 
-Both stop with `BuildError` when CUDA or the package is missing. Untested here (no GPU).
+Both stop with `BuildError` when CUDA or the package is missing, the TensorRT-LLM build also when its
+version is not 0.x. No model loads either engine yet. Untested here (no GPU).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -14,7 +16,8 @@ from zerocheck.decoder.config import DecoderConfig
 
 TENSORRT_PLAN = "decoder.plan"
 TENSORRT_LLM_DIR = "tensorrt_llm"
-MAX_BATCH = 32
+MAX_BATCH = 64  # the decoder model's max_batch_size
+OPT_BATCH, OPT_PAST = 8, 256  # the profile's optimum: a typical decode step
 
 
 def require_gpu_package(package: str, flag: str) -> None:
@@ -22,6 +25,26 @@ def require_gpu_package(package: str, flag: str) -> None:
         raise BuildError(f"{flag} needs the `{package}` package, which is not installed (pip install {package.replace('_', '-')})")
     if not torch.cuda.is_available():
         raise BuildError(f"{flag} needs a CUDA GPU; torch {torch.__version__} sees none")
+
+
+def profile_shapes(config: DecoderConfig, max_seq_len: int, max_batch: int = MAX_BATCH
+                   ) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(min, opt, max) shape of every input of the ONNX step: batch 1..max_batch, new tokens 1..max_seq_len,
+    past positions 1..max_seq_len; the optimum (a decode step of OPT_BATCH rows over OPT_PAST positions)
+    clamped into the range, as TensorRT requires min <= opt <= max."""
+    batch, past = min(OPT_BATCH, max_batch), min(OPT_PAST, max_seq_len)
+
+    def cache(b: int, p: int) -> tuple[int, ...]:
+        return config.num_layers, b, config.num_kv_heads, p, config.head_dim
+
+    return {
+        "tokens": ((1, 1), (batch, 1), (max_batch, max_seq_len)),
+        "positions": ((1, 1), (batch, 1), (max_batch, max_seq_len)),
+        "attention_mask": ((1, 1, 2), (batch, 1, past + 1), (max_batch, max_seq_len, 2 * max_seq_len)),
+        "last_index": ((1,), (batch,), (max_batch,)),
+        "past_keys": (cache(1, 1), cache(batch, past), cache(max_batch, max_seq_len)),
+        "past_values": (cache(1, 1), cache(batch, past), cache(max_batch, max_seq_len)),
+    }
 
 
 def build_tensorrt_engine(onnx_path: Path, config: DecoderConfig, max_seq_len: int, out_dir: Path) -> Path:
@@ -35,15 +58,7 @@ def build_tensorrt_engine(onnx_path: Path, config: DecoderConfig, max_seq_len: i
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise BuildError(f"TensorRT could not parse {onnx_path}: {errors}")
-    cache = lambda b, p: (config.num_layers, b, config.num_kv_heads, p, config.head_dim)  # noqa: E731
-    shapes = {  # name: (min, opt, max)
-        "tokens": ((1, 1), (8, 1), (MAX_BATCH, max_seq_len)),
-        "positions": ((1, 1), (8, 1), (MAX_BATCH, max_seq_len)),
-        "attention_mask": ((1, 1, 2), (8, 1, 257), (MAX_BATCH, max_seq_len, 2 * max_seq_len)),
-        "last_index": ((1,), (8,), (MAX_BATCH,)),
-        "past_keys": (cache(1, 1), cache(8, 256), cache(MAX_BATCH, max_seq_len)),
-        "past_values": (cache(1, 1), cache(8, 256), cache(MAX_BATCH, max_seq_len)),
-    }
+    shapes = profile_shapes(config, max_seq_len)
     profile = builder.create_optimization_profile()
     for name, (low, opt, high) in shapes.items():
         profile.set_shape(name, low, opt, high)
@@ -57,11 +72,23 @@ def build_tensorrt_engine(onnx_path: Path, config: DecoderConfig, max_seq_len: i
     return plan
 
 
+SUPPORTED_TENSORRT_LLM = "0."  # versions whose LLM API builds and saves TensorRT engines (1.x removed it)
+
+
+def check_tensorrt_llm_version(version: str) -> None:
+    """Refuse a TensorRT-LLM whose LLM API this build does not speak, naming the version found."""
+    if not version.startswith(SUPPORTED_TENSORRT_LLM):
+        raise BuildError(f"--tensorrt-llm builds with TensorRT-LLM 0.x's LLM API (LLM(build_config=...), save); "
+                         f"found TensorRT-LLM {version}, where that API is gone: install tensorrt_llm<1")
+
+
 def build_tensorrt_llm_engine(hf_model_dir: Path, max_seq_len: int, out_dir: Path) -> Path:
-    """Build with the TensorRT-LLM LLM API from the Hugging Face directory and save the engine."""
+    """Build with the TensorRT-LLM 0.x LLM API from the Hugging Face directory and save the engine, which
+    returns each step's generation logits (sampling stays outside the engine). Not run here (no GPU)."""
+    check_tensorrt_llm_version(importlib.metadata.version("tensorrt_llm"))
     from tensorrt_llm import LLM, BuildConfig
 
-    build_config = BuildConfig(max_batch_size=MAX_BATCH, max_seq_len=max_seq_len)
+    build_config = BuildConfig(max_batch_size=MAX_BATCH, max_seq_len=max_seq_len, gather_generation_logits=True)
     llm = LLM(model=str(hf_model_dir), build_config=build_config)
     engine_dir = out_dir / TENSORRT_LLM_DIR
     llm.save(str(engine_dir))
