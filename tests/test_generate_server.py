@@ -246,3 +246,9 @@ def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server
     tokens = result.as_numpy("output_id").reshape(-1)
     assert 0 <= tokens[0] < 600 and 0 <= tokens[2] < 600
     assert slots_in_use(triton_server) == 0
+
+
+def test_the_decoder_says_what_it_runs_with(triton_server):
+    text = requests.get(f"http://{triton_server.metrics_url}/metrics", timeout=10).text
+    (line,) = [line for line in text.splitlines() if line.startswith("zerocheck_decoder_info{")]
+    assert 'device="cpu"' in line and 'backend="' in line and 'dtype="' in line and line.endswith(" 1"), line

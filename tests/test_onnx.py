@@ -73,6 +73,24 @@ def test_default_backend_is_onnxruntime(artifacts: Path) -> None:
     assert load_decoder(artifacts).backend == "onnxruntime"
 
 
+def test_the_device_is_chosen_once_for_the_backend(artifacts: Path) -> None:
+    from zerocheck.decoder.engine import choose_device
+
+    assert choose_device("auto", "torch", cuda_available=True) == "cuda"
+    assert choose_device("auto", "onnxruntime", cuda_available=True) == "cpu"  # onnxruntime runs on the CPU here
+    assert choose_device("auto", "torch", cuda_available=False) == "cpu"
+    with pytest.raises(ValueError, match="torch sees no CUDA device"):
+        choose_device("cuda", "torch", cuda_available=False)
+    with pytest.raises(ValueError, match="device cuda needs backend torch"):
+        choose_device("cuda", "onnxruntime", cuda_available=True)
+    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda"):
+        choose_device("gpu", "torch", cuda_available=True)
+    engine = load_decoder(artifacts, backend="torch", max_slots=1, dtype="fp32", device="auto")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert engine.device == expected and engine.pool.keys.device.type == expected
+    assert engine.step([StepRequest("s", [3, 4, 5], True, True)]).logits.device.type == expected
+
+
 def test_missing_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
     options = BuildOptions(model="tiny", vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, onnx=False, tokenizer_corpus_files=5)
     build_artifacts(options, tmp_path)

@@ -43,8 +43,8 @@ class TritonPythonModel:
         engine = load_decoder(config.artifacts_dir(), backend=params.backend, max_slots=params.max_slots,
                               max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
                               num_threads=params.num_threads or None, fail_token=params.test_fail_token,
-                              dtype=params.dtype)
-        self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, "cpu"))
+                              dtype=params.dtype, device=params.device)
+        self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device))
         self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
@@ -53,11 +53,16 @@ class TritonPythonModel:
                                   kind=gauge),
             pb_utils.MetricFamily(name="zerocheck_kv_slots_total", description="KV cache slots in the pool", kind=gauge),
             pb_utils.MetricFamily(name="zerocheck_decoder_seconds_total", description="decoder execute time by stage: "
-                                  "the forward, and the zero-check sampler fused after it", kind=counter)]
+                                  "the forward, and the zero-check sampler fused after it", kind=counter),
+            pb_utils.MetricFamily(name="zerocheck_decoder_info", description="what the decoder runs with (chosen at "
+                                  "load): backend, dtype, device; always 1", kind=gauge)]
         self.kv_slots, self.kv_capacity = (family.Metric(labels=labels) for family in self.families[:2])
         self.stage_seconds = {stage: self.families[2].Metric(labels={**labels, "stage": stage})
                               for stage in ("forward", "sample")}
         self.kv_capacity.set(engine.pool.max_slots)
+        self.info = self.families[3].Metric(labels={**labels, "backend": engine.backend, "dtype": engine.dtype,
+                                                    "device": engine.device})
+        self.info.set(1)
         self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):

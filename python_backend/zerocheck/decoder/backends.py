@@ -2,7 +2,7 @@
 
 Both are `StepFunction`s: (tokens [B,T] int64, positions [B,T] int64, attention_mask [B,T,P+T] bool,
 last_index [B] int64, past_keys [L,B,Hkv,P,D] f32, past_values) -> (logits [B,V] f32, new_keys
-[L,B,Hkv,T,D] f32, new_values), all torch tensors on CPU.
+[L,B,Hkv,T,D] f32, new_values), torch tensors on the decoder's device (onnxruntime: the CPU).
 """
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ ONNX_INPUT_NAMES = ["tokens", "positions", "attention_mask", "last_index", "past
 ONNX_OUTPUT_NAMES = ["logits", "new_keys", "new_values"]
 
 
-def torch_step(model: Transformer) -> StepFunction:
+def torch_step(model: Transformer, device: str = "cpu") -> StepFunction:
+    """The module's forward on `device` (its weights are there); inputs are moved there, outputs stay."""
     def step(*inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs = tuple(tensor.to(device, non_blocking=True) for tensor in inputs)
         # no_grad, not inference_mode: the zero-check sampler edits the logits in place (penalties, bans),
         # which an inference tensor refuses outside inference mode
         with torch.no_grad():

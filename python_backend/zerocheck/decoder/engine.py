@@ -39,17 +39,40 @@ def cpu_flags() -> set[str]:
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
 
 
-def choose_dtype(requested: str, backend: str, flags: set[str]) -> str:
-    """`requested` ("auto" or one of DTYPES) made concrete for `backend` on a CPU with `flags`: auto is bf16
-    for the torch backend where the CPU has bf16 instructions (AMX or AVX512-BF16), else fp32. int8 is
+def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "cpu") -> str:
+    """`requested` ("auto" or one of DTYPES) made concrete for `backend` on `device` (a CPU with `flags`):
+    auto is bf16 for the torch backend on CUDA (where the GPU does bf16) or on a CPU with bf16 instructions
+    (AMX or AVX512-BF16), else fp32. int8 is
     never automatic: it is 1.8x faster but leaves fp32's greedy top-1 at 13% of positions
     (benchmarks/precision.py), so only a config that asks for it gets it."""
     if requested not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
-        return "bf16" if backend == "torch" and any(flag in flags for flag in BF16_CPU_FLAGS) else "fp32"
+        if backend != "torch":
+            return "fp32"
+        if device == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        return "bf16" if any(flag in flags for flag in BF16_CPU_FLAGS) else "fp32"
     if backend not in DTYPE_BACKENDS[requested]:
         raise ValueError(f"dtype {requested} needs backend {' or '.join(DTYPE_BACKENDS[requested])}, got {backend}")
+    return requested
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
+    """`requested` (auto | cpu | cuda) made concrete for `backend`: the torch backend runs where asked, on
+    CUDA for auto when torch sees a GPU; onnxruntime runs on the CPU here (auto picks the CPU for it)."""
+    if requested not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {requested!r}")
+    if requested == "cuda":
+        if not cuda_available:
+            raise ValueError("device cuda asked for, but torch sees no CUDA device")
+        if backend != "torch":
+            raise ValueError(f"device cuda needs backend torch (onnxruntime runs on the CPU here), got {backend}")
+    if requested == "auto":
+        return "cuda" if cuda_available and backend == "torch" else "cpu"
     return requested
 
 
@@ -88,25 +111,25 @@ class _Logits:
     """The [B, V] float32 result of a step; a forward that covers every row in order is taken as it
     is (no zero-fill, no scatter copy)."""
 
-    def __init__(self, rows: int, vocab_size: int) -> None:
-        self.rows, self.vocab_size, self.tensor = rows, vocab_size, None
+    def __init__(self, rows: int, vocab_size: int, device: str = "cpu") -> None:
+        self.rows, self.vocab_size, self.device, self.tensor = rows, vocab_size, device, None
 
     def put(self, index: list[int], values: torch.Tensor) -> None:
         if self.tensor is None and index == list(range(self.rows)):
             self.tensor = values
             return
         if self.tensor is None:
-            self.tensor = torch.zeros(self.rows, self.vocab_size, dtype=torch.float32)
+            self.tensor = torch.zeros(self.rows, self.vocab_size, dtype=torch.float32, device=self.device)
         self.tensor[index] = values
 
     def result(self) -> torch.Tensor:
-        return self.tensor if self.tensor is not None else torch.zeros(self.rows, self.vocab_size)
+        return self.tensor if self.tensor is not None else torch.zeros(self.rows, self.vocab_size, device=self.device)
 
 
 class DecoderEngine:
     def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str,
-                 dtype: str = "fp32", fail_token: int = -1) -> None:
-        self.config, self.pool, self.backend, self.dtype = config, pool, backend, dtype
+                 dtype: str = "fp32", fail_token: int = -1, device: str = "cpu") -> None:
+        self.config, self.pool, self.backend, self.dtype, self.device = config, pool, backend, dtype, device
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
         self.fail_token = fail_token
@@ -128,7 +151,7 @@ class DecoderEngine:
             except DecoderError as error:
                 errors[index] = error
             seen.add(request.seq_id)
-        logits = _Logits(len(requests), self.vocab_size)
+        logits = _Logits(len(requests), self.vocab_size, self.device)
         for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
             if group:
                 self._run(group, logits, errors)
@@ -213,9 +236,11 @@ def load_decoder(
     num_threads: int | None = None,
     fail_token: int = -1,
     dtype: str = "auto",
+    device: str = "cpu",
 ) -> DecoderEngine:
-    """Load the decoder built by build_engines.py; the backend and the dtype of weights, activations and
-    KV cache (`choose_dtype`) are chosen here, once.
+    """Load the decoder built by build_engines.py; the device (`choose_device`), the backend and the dtype of
+    weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache and the logits
+    live on that device.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
     max_position_embeddings. Prints the KV pool size. fail_token >= 0 (test-only) makes every forward
@@ -226,11 +251,12 @@ def load_decoder(
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
-    dtype = choose_dtype(dtype, backend, cpu_flags())
+    device = choose_device(device, backend, torch.cuda.is_available())
+    dtype = choose_dtype(dtype, backend, cpu_flags(), device)
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
-        step_fn = torch_step(load_transformer(model_dir, TORCH_DTYPES[dtype]))
+        step_fn = torch_step(load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device), device)
     else:
         onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
         if not onnx_path.is_file():
@@ -242,6 +268,6 @@ def load_decoder(
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
-                       dtype=TORCH_DTYPES[dtype])
-    print(f"decoder ({backend}, {dtype}): {pool.describe()}")
-    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token)
+                       dtype=TORCH_DTYPES[dtype], device=device)
+    print(f"decoder ({backend}, {dtype}, {device}): {pool.describe()}")
+    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device)

@@ -35,10 +35,11 @@ class KVCachePool:
         idle_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
     ) -> None:
         shape = (num_layers, max_slots, num_kv_heads, max_seq_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype)
-        self.values = torch.zeros(shape, dtype=dtype)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.max_slots, self.max_seq_len, self.idle_timeout_s = max_slots, max_seq_len, idle_timeout_s
         self.clock = clock
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
@@ -56,7 +57,7 @@ class KVCachePool:
     def describe(self) -> str:
         l, s, h, t, d = self.keys.shape
         return (f"KV cache pool: {s} slots x {t} tokens x {l} layers x {h} kv heads x {d} dims, "
-                f"{str(self.keys.dtype).removeprefix('torch.')}, {self.nbytes / 2**20:.1f} MiB")
+                f"{str(self.keys.dtype).removeprefix('torch.')}, {self.nbytes / 2**20:.1f} MiB on {self.keys.device}")
 
     def state(self, seq_id: str) -> SlotState | None:
         return self._active.get(seq_id)
@@ -97,6 +98,9 @@ class KVCachePool:
         # (passive wait), a hand-off 30x slower than the copy at batch 1; numpy's fancy indexing makes a
         # non-contiguous result that the backend would copy again. numpy has no bfloat16: its bits are
         # copied as int16.
+        if self.keys.device.type != "cpu":  # on a GPU, one gather per cache
+            index = torch.tensor(slots, device=self.keys.device)
+            return tuple(cache[:, :, :, :past_len].index_select(1, index) for cache in (self.keys, self.values))
         dtype = self.keys.dtype
         bits = torch.int16 if dtype == torch.bfloat16 else dtype
         return tuple(torch.from_numpy(np.stack([cache[:, slot, :, :past_len] for slot in slots], axis=1)).view(dtype)

@@ -75,7 +75,7 @@ class DecoderService:
         self._advance(rows, states, errors)
         tokens = self._sample(requests, result.logits, states, errors)
         self.sample_s += time.perf_counter() - sampled
-        logits = result.logits.numpy()
+        logits = result.logits.float().cpu().numpy() if any(r.want_logits for r in requests) else None
         answers, begin = [], 0
         for request in requests:
             end = begin + len(request.steps)
@@ -121,7 +121,7 @@ class DecoderService:
             x = logits if rows == list(range(len(logits))) else logits[rows]  # the common case: no copy
             out = self.sampler.sample(x, [s.sampling for s in chosen], [s.ids for s in chosen],
                                       [s.step for s in chosen])
-            tokens[rows] = out.tokens.numpy()
+            tokens[rows] = out.tokens.cpu().numpy()
             for row, message in zip(rows, out.errors):
                 if message:
                     errors[row] = InternalError(f"the decoder's {message}")

@@ -94,6 +94,7 @@ class DecoderParameters:
 
     backend: str
     dtype: str
+    device: str
     max_slots: int
     max_seq_len: int  # 0: the build's
     idle_timeout_s: float
