@@ -10,7 +10,7 @@ import torch
 
 from zerocheck.api.errors import InvalidRequest
 from zerocheck.sampling import SamplingParams
-from zerocheck.triton.tensors import error_response
+from zerocheck.triton.tensors import error_response, host_array
 from zerocheck.wire.sampling import SAMPLER_INPUTS, SamplerRow, parse_sampler_rows
 
 
@@ -71,7 +71,7 @@ def gather_batch(pb_utils: Any, requests: Sequence[Any], names: Sequence[str], v
             rows = {len(value) for value in values.values()}
             if len(rows) != 1:
                 raise InvalidRequest(f"{', '.join(names)} must have the same number of rows")
-            parsed = parse_sampler_rows({spec.name: present[spec.name].as_numpy() for spec in SAMPLER_INPUTS
+            parsed = parse_sampler_rows({spec.name: host_array(present[spec.name]) for spec in SAMPLER_INPUTS
                                          if spec.name in present}, rows.pop(), vocab_size)
             if check is not None:
                 check(present, values)

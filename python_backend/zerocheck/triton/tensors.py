@@ -19,6 +19,16 @@ def request_arrays(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[st
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in wanted}
 
 
+def host_array(tensor: Any) -> np.ndarray:
+    """A pb_utils input tensor as a numpy array on the host, wherever Triton placed it (a model that leaves
+    its inputs on the GPU, FORCE_CPU_ONLY_INPUT_TENSORS "no", may get GPU tensors)."""
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    import torch
+
+    return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy()
+
+
 def request_parameters(request: Any) -> dict[str, Any]:
     text = request.parameters()
     return json.loads(text) if text else {}
