@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from reference_sampling import reference_probs
+from sampler import timed  # benchmarks/sampler.py, beside this script
 from zerocheck.sampling import SamplingParams, ZeroCheckSampler, checked_sample
 from zerocheck.sampling.cuda_graph import CudaGraphSampler
 
@@ -116,17 +117,8 @@ def chi_square(device: torch.device, vocab: int, draws: int, batch: int) -> dict
 
 
 def median_ms(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    fn()  # warm-up
+    return 1e3 * statistics.median(timed(fn, device) for _ in range(repeats))
 
 
 def torch_chain(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
