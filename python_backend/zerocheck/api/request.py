@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from zerocheck.api.errors import InvalidRequest
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
+from zerocheck.sampling.params import fresh_seed
 from zerocheck.tokenizer.chat import ROLES as CHAT_ROLES, Message
 
 
@@ -310,7 +310,7 @@ def _request(values: Mapping[str, Any], parameters: Mapping[str, Any], limits: L
     seed = values.get("seed", values.get("random_seed"))
     try:
         sampling = SamplingParams(**{spec.name: values[spec.name] for spec in SAMPLING_PARAMETERS
-                                     if spec.name in values}, seed=seed if seed is not None else _fresh_seed())
+                                     if spec.name in values}, seed=seed if seed is not None else fresh_seed())
     except SamplingParamError as error:
         raise InvalidRequest(str(error)) from None
     if fields.get("bad_ids"):
@@ -480,7 +480,3 @@ def _bias_ids(arrays: Mapping[str, np.ndarray]) -> tuple[tuple[int, float], ...]
         raise InvalidRequest("logit_bias_values must be finite and in [-100, 100]")
     return tuple(zip(ids, values))
 
-
-def _fresh_seed() -> int:
-    """Unseeded requests draw a fresh 64-bit seed: fresh randomness, reproducible inside the request."""
-    return int.from_bytes(os.urandom(8), "little")

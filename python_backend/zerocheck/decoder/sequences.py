@@ -5,14 +5,11 @@ sequence's end, a release, a failed first step, idle reclaim).
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, replace
 
 from zerocheck.sampling.history import TokenHistory
-from zerocheck.sampling.params import SamplingParams
+from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.step import Registration
-
-_seeds = random.Random()  # seeded from os.urandom at import
 
 
 @dataclass
@@ -30,7 +27,7 @@ class SequenceState:
     def register(cls, registration: Registration) -> SequenceState:
         params = registration.params
         if params.seed is None:  # its own noise stream for its whole life, wherever it sits in a batch
-            params = replace(params, seed=_seeds.getrandbits(64))
+            params = replace(params, seed=fresh_seed())
         early = replace(params, bad_words=params.bad_words + tuple((end,) for end in registration.end_ids)) \
             if registration.min_tokens and registration.end_ids else params
         keeps = params.has_penalties or bool(params.bad_words)  # end-id bans are one token: no history needed

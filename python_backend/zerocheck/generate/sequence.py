@@ -8,7 +8,6 @@ never split) and done when a chunk is taken, off the path between two steps.
 """
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -17,11 +16,11 @@ from typing import Callable, Sequence as Seq
 from zerocheck.api.errors import Overloaded
 from zerocheck.api.sampler_path import DEGRADE_LOG_PROBS, SamplerPath
 from zerocheck.sampling import SamplingParams
+from zerocheck.sampling.params import fresh_seed
 from zerocheck.api.request import GenerateRequest
 from zerocheck.tokenizer import IncrementalDetokenizer, TextTokenizer
 from zerocheck.wire.step import Registration, StepCall, StepOutput, TopLogProbs
 
-_seeds = random.Random()  # seeded from os.urandom at import
 
 
 @dataclass
@@ -85,7 +84,7 @@ def sampling_for(tokenizer: TextTokenizer, request: GenerateRequest, index: int 
     bias = tuple((ids[0], weight) for (word, weight), ids in
                  zip(request.bias_words, tokenizer.token_ids_of([w for w, _ in request.bias_words])) if ids)
     bias += request.bias_ids
-    seed = request.sampling.seed if request.sampling.seed is not None else _seeds.getrandbits(64)
+    seed = request.sampling.seed if request.sampling.seed is not None else fresh_seed()
     return replace(request.sampling, bad_words=request.sampling.bad_words + bad, logit_bias=bias,
                    seed=(seed + index) % 2**64)
 

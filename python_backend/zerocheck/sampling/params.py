@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from zerocheck.api.errors import InvalidRequest
 
 UINT64_MAX = 2**64 - 1
+
+
+def fresh_seed() -> int:
+    """A fresh 64-bit seed for what arrives unseeded: fresh randomness, reproducible from then on."""
+    return int.from_bytes(os.urandom(8), "little")
 
 
 class SamplingParamError(InvalidRequest):

@@ -21,7 +21,6 @@ Row r of every tensor is the r-th sequence of the step; ragged id rows are padde
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from zerocheck.api.errors import ErrorCode, InvalidRequest, ServingError, coded_message, error_from_message
 from zerocheck.api.sampler_path import SamplerPath
-from zerocheck.sampling.params import SamplingParams
+from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.sampling import (BAD_WORDS_INPUT, BIAS_INPUTS, KNOB_INPUTS, PAD, SAMPLER_INPUTS, SEED_INPUT,
                                      TensorSpec, column, encode_word_lists, id_rows, padded, parse_sampling,
                                      scalar_column, unpadded)
@@ -45,7 +44,6 @@ DECODER_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS  # also the inputs of the ste
 DECODER_OUTPUTS = (TensorSpec("logits", "TYPE_FP32", (-1,)), TensorSpec("output_id", "TYPE_INT32"),
                    TensorSpec("error", "TYPE_STRING"), *(spec.as_output() for spec in SAMPLER_INPUTS))
 MAX_END_IDS = 64
-_seeds = random.Random()  # seeded from os.urandom at import
 
 # per path: the model one batched step calls, and its outputs (token, row error[, log-probability]). The
 # zero-check path calls `decoder` itself (its sampler is fused after the forward; the one-step ensemble
@@ -128,7 +126,7 @@ def registration_arrays(registrations: Sequence[Registration | None], sent: Sequ
         if any(value != getattr(blank.params, spec.name) for value in values):
             arrays[spec.name] = column(values, spec.numpy)
     if any(p.seed is not None for p in params):  # an unseeded row beside seeded ones gets a seed of its own
-        arrays["random_seed"] = column([p.seed if p.seed is not None else _seeds.getrandbits(64) for p in params],
+        arrays["random_seed"] = column([p.seed if p.seed is not None else fresh_seed() for p in params],
                                        np.uint64)
     if any(p.bad_words for p in params):
         arrays["bad_words"] = encode_word_lists([p.bad_words for p in params])
