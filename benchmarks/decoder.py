@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
-from zerocheck.decoder.engine import BF16_CPU_FLAGS, cpu_flags
+from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
@@ -117,13 +117,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime intra-op threads")
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds per backend")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS, help="backend:dtype to measure")
     parser.add_argument("--measure", choices=VARIANTS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure_backend(args.artifacts, args.measure, args.batches, args.steps, args.threads)))
         return
     bf16 = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
-    variants = [v for v in VARIANTS if bf16 or not v.endswith("bf16")]
+    int8 = (args.artifacts / ONNX_INT8_FILE).is_file()
+    variants = [v for v in args.variants if (bf16 or not v.endswith("bf16")) and (int8 or not v.endswith("int8"))]
     results = backend_table(args.artifacts, variants, args.batches, args.steps, args.threads, args.rounds)
     totals = {variant: sum(results[variant, batch] for batch in args.batches) for variant in variants}
     fastest = min(totals, key=totals.get)

@@ -118,6 +118,10 @@ def measure(system: str, args: argparse.Namespace) -> dict:
 
 SYSTEMS = {
     "zerocheck (served)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
+    "zerocheck (torch bf16)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                        {"backend": "torch", "dtype": "bf16"}),
+    "zerocheck (onnxruntime fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                              {"backend": "onnxruntime", "dtype": "fp32"}),
     "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
                                                   {"backend": "onnxruntime", "dtype": "int8"}),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "fp32"),
@@ -151,6 +155,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS), help="which to measure")
     parser.add_argument("--measure", choices=SYSTEMS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
     args = parser.parse_args()
     args.artifacts = args.artifacts.resolve()
@@ -158,20 +163,20 @@ def main() -> int:
         print(json.dumps(SYSTEMS[args.measure](args)))
         return 0
     results = {}
-    for system in SYSTEMS:
+    for system in args.systems:
         print(f"measuring {system} ...", flush=True)
         results[system] = measure(system, args)
     print(f"\n{'tokens/s':<20}" + "".join(f"{f'{n} streams':>12}" for n in args.streams))
     for system, rates in results.items():
         cells = [f"{rates[n]['tokens_per_s']:12.1f}" if n in rates else f"{'-':>12}" for n in args.streams]
         print(f"{system:<20}" + "".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
-    served, top = results["zerocheck (served)"], max(args.streams)
+    served, top = results.get("zerocheck (served)", {}), max(args.streams)
+    peer, llama = results.get("transformers fp32", {}), results.get("llama.cpp", {})
     ratios = {}
-    if top in served and top in results["transformers fp32"]:
-        ratios[f"{top} streams: zerocheck / transformers fp32"] = (
-            served[top]["tokens_per_s"] / results["transformers fp32"][top]["tokens_per_s"])
-    if 1 in served and 1 in results["llama.cpp"]:
-        ratios["1 stream: zerocheck / llama.cpp"] = served[1]["tokens_per_s"] / results["llama.cpp"][1]["tokens_per_s"]
+    if top in served and top in peer:
+        ratios[f"{top} streams: zerocheck / transformers fp32"] = served[top]["tokens_per_s"] / peer[top]["tokens_per_s"]
+    if 1 in served and 1 in llama:
+        ratios["1 stream: zerocheck / llama.cpp"] = served[1]["tokens_per_s"] / llama[1]["tokens_per_s"]
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)

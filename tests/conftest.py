@@ -63,11 +63,12 @@ def tritonserver_binary() -> Path:
         pytest.skip(f"no tritonserver binary: {error}")
 
 
-def serving_stack(tritonserver_binary: Path, artifacts: Path) -> Iterator[ServingStack]:
-    """`zerocheck serve` over REPO_ROOT/model_repository with ZEROCHECK_ARTIFACTS=artifacts (HTTP through the
-    front end's door, the OpenAI API beside, gRPC and metrics, admin APIs locked), on free loopback ports,
-    READY (every model) until the generator is closed."""
-    server = ServingStack(REPO_ROOT / "model_repository", tritonserver=tritonserver_binary,
+def serving_stack(tritonserver_binary: Path, artifacts: Path,
+                  repository: Path = REPO_ROOT / "model_repository") -> Iterator[ServingStack]:
+    """`zerocheck serve` over `repository` with ZEROCHECK_ARTIFACTS=artifacts (HTTP through the front end's
+    door, the OpenAI API beside, gRPC and metrics, admin APIs locked), on free loopback ports, READY (every
+    model) until the generator is closed."""
+    server = ServingStack(repository, tritonserver=tritonserver_binary,
                           env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=ADMIN_KEY)
     server.start()
     try:
@@ -84,10 +85,12 @@ def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
 
 
 @pytest.fixture(scope="session")
-def real_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
-    """The serving stack over the default model (SmolLM2-135M-Instruct, onnxruntime decoder), started once
-    per session."""
-    yield from serving_stack(tritonserver_binary, real_artifacts_dir())
+def real_server(tritonserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingStack]:
+    """The serving stack over the default model (SmolLM2-135M-Instruct), started once per session, its
+    decoder pinned to onnxruntime fp32 (the exact path: the parity tests compare its greedy tokens with
+    transformers; `auto` is bf16 on CPUs with AMX)."""
+    repository = copied_repository(tmp_path_factory.mktemp("real"), decoder={"backend": "onnxruntime", "dtype": "fp32"})
+    yield from serving_stack(tritonserver_binary, real_artifacts_dir(), repository)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, load_decoder, load_transformer
-from zerocheck.decoder.engine import choose_dtype
+from zerocheck.decoder.engine import choose_backend, choose_dtype
 from zerocheck.tokenizer import stdlib_corpus_files, train_bpe_tokenizer
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -131,7 +131,19 @@ def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) ->
     assert choose_dtype(requested, backend, flags) == chosen
 
 
+@pytest.mark.parametrize("requested, dtype, device, cuda, bf16_cpu, chosen", [
+    ("auto", "auto", "auto", False, True, "torch"), ("auto", "auto", "auto", False, False, "onnxruntime"),
+    ("auto", "auto", "auto", True, False, "torch"), ("auto", "auto", "cpu", True, False, "onnxruntime"),
+    ("auto", "fp32", "auto", False, True, "onnxruntime"), ("auto", "fp32", "cuda", True, False, "torch"),
+    ("auto", "bf16", "auto", False, False, "torch"), ("auto", "int8", "auto", True, True, "onnxruntime"),
+    ("onnxruntime", "auto", "auto", False, True, "onnxruntime"), ("torch", "fp32", "cpu", False, False, "torch")])
+def test_backend_is_chosen_once_for_dtype_and_device(requested, dtype, device, cuda, bf16_cpu, chosen) -> None:
+    assert choose_backend(requested, dtype, device, cuda, bf16_cpu) == chosen
+
+
 def test_bad_dtype_requests_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, got 'tensorrt'"):
+        choose_backend("tensorrt", "auto", "auto", False, True)
     with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, got 'fp16'"):
         choose_dtype("fp16", "torch", set())
     with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got onnxruntime"):

@@ -69,8 +69,13 @@ def test_int8_needs_onnx() -> None:
         BuildOptions(onnx=False, int8=True)
 
 
-def test_default_backend_is_onnxruntime(artifacts: Path) -> None:
-    assert load_decoder(artifacts).backend == "onnxruntime"
+def test_the_default_backend_is_the_faster_one_for_this_cpu(artifacts: Path) -> None:
+    from zerocheck.decoder.engine import BF16_CPU_FLAGS, cpu_flags
+    from zerocheck.decoder.packed import packing_available
+
+    engine = load_decoder(artifacts, max_slots=1, device="cpu")
+    bf16_cpu = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS) and packing_available()
+    assert (engine.backend, engine.dtype) == (("torch", "bf16") if bf16_cpu else ("onnxruntime", "fp32"))
 
 
 def test_the_device_is_chosen_once_for_the_backend(artifacts: Path) -> None:

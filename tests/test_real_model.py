@@ -96,7 +96,7 @@ def reference(hf):
 @pytest.fixture(scope="module", params=BACKENDS)
 def served(request, tritonserver_binary, artifacts, tmp_path_factory):
     """(backend, server): the model repository with the decoder on `backend` in fp32, over the real model
-    (the session's `real_server` for onnxruntime, the default backend)."""
+    (the session's `real_server` for onnxruntime)."""
     if request.param == "onnxruntime":
         yield request.param, request.getfixturevalue("real_server")
         return

@@ -17,13 +17,14 @@ from zerocheck.decoder.backends import StepFunction, onnxruntime_step, torch_ste
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
+from zerocheck.decoder.packed import PackedTransformer, packing_available
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
 ONNX_FILE = "decoder.onnx"
 ONNX_INT8_FILE = "decoder.int8.onnx"  # ONNX_FILE with int8 weights (dynamic quantization, build_engines.py)
 BACKENDS = ("torch", "onnxruntime")
-DEFAULT_BACKEND = "onnxruntime"  # faster than torch fp32 and bf16 on the 2-core CPU at batch 1/8/32 (benchmarks/decoder.py)
+DEFAULT_BACKEND = "auto"  # choose_backend
 DTYPES = ("fp32", "bf16", "int8")  # weights; activations and KV cache are bf16 with bf16 weights, else fp32
 DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime",)}
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # activations, KV cache
@@ -56,6 +57,25 @@ def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "c
     if backend not in DTYPE_BACKENDS[requested]:
         raise ValueError(f"dtype {requested} needs backend {' or '.join(DTYPE_BACKENDS[requested])}, got {backend}")
     return requested
+
+
+def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool, bf16_cpu: bool) -> str:
+    """`requested` ("auto" or one of BACKENDS) made concrete for the requested `dtype` and `device`. auto
+    is the faster one as measured (benchmarks/decoder.py, README): torch on CUDA, and on a CPU that
+    multiplies bf16 with oneDNN (`bf16_cpu`: AMX / AVX512-BF16 and `packing_available`) for dtype auto or
+    bf16 (packed bf16 weights: faster than onnxruntime fp32 from 8 rows up, prefill 2x); onnxruntime for
+    fp32 and int8 on a CPU, and on a CPU without bf16."""
+    if requested not in ("auto", *BACKENDS):
+        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    if dtype == "int8":
+        return "onnxruntime"
+    if device == "cuda" or (device == "auto" and cuda_available):
+        return "torch"
+    if dtype == "bf16" or (dtype == "auto" and bf16_cpu):
+        return "torch"
+    return "onnxruntime"
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -238,36 +258,46 @@ def load_decoder(
     dtype: str = "auto",
     device: str = "cpu",
 ) -> DecoderEngine:
-    """Load the decoder built by build_engines.py; the device (`choose_device`), the backend and the dtype of
-    weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache and the logits
-    live on that device.
+    """Load the decoder built by build_engines.py; the backend (`choose_backend`), the device (`choose_device`)
+    and the dtype of weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache
+    and the logits live on that device.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
     max_position_embeddings. Prints the KV pool size. fail_token >= 0 (test-only) makes every forward
     whose tokens hold that id raise InjectedFault.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
+    flags = cpu_flags()
+    bf16_cpu = any(flag in flags for flag in BF16_CPU_FLAGS) and packing_available()
+    backend = choose_backend(backend, dtype, device, torch.cuda.is_available(), bf16_cpu)
     device = choose_device(device, backend, torch.cuda.is_available())
-    dtype = choose_dtype(dtype, backend, cpu_flags(), device)
+    dtype = choose_dtype(dtype, backend, flags, device)
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
-        step_fn = torch_step(load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device), device)
+        model = load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device)
+        if device == "cpu" and dtype == "bf16" and packing_available():
+            step_fn = PackedTransformer(model)
+            kernels = "packed oneDNN bf16 weights"
+        else:
+            if device == "cpu" and dtype == "bf16":
+                print("decoder: this torch cannot pack bf16 weights for oneDNN; running the module's forward (slower)")
+            step_fn = torch_step(model, device)
+            kernels = "module forward"
     else:
         onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
         if not onnx_path.is_file():
             flag = "--int8" if dtype == "int8" else "--onnx"
             raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
+        kernels = onnx_path.name
     max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
     if config.sliding_window is not None and max_seq_len > config.sliding_window:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
                        dtype=TORCH_DTYPES[dtype], device=device)
-    print(f"decoder ({backend}, {dtype}, {device}): {pool.describe()}")
+    print(f"decoder ({backend}, {dtype}, {device}, {kernels}): {pool.describe()}")
     return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device)

@@ -96,9 +96,13 @@ def server_environment(binary: Path, base: dict[str, str] | None = None) -> dict
     needs its libcudart), this interpreter's `bin` first on PATH (so the stub's Python uses this venv),
     and OMP_WAIT_POLICY=PASSIVE unless set: the model stubs take turns on the same cores, and OpenMP
     threads that spin after each torch op take the CPU from the model that runs next (measured:
-    benchmarks/e2e.py TPOT at one stream 16.4 -> 13-14 ms on 2 cores)."""
+    benchmarks/e2e.py TPOT at one stream 16.4 -> 13-14 ms on 2 cores); and GOMP_SPINCOUNT=10000 unless
+    set (libgomp: spin ~0.1 ms before sleeping, which PASSIVE alone sets to 0): the ops of one forward
+    follow each other within microseconds, and waking a sleeping thread for each of them doubled the
+    packed bf16 decoder's step (58.8 vs 30.3 ms at batch 1)."""
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("GOMP_SPINCOUNT", "10000")
     wheel = wheel_root_of(binary)
     if wheel is not None:
         libs = wheel.parents[1] / "nvidia_pytriton.libs"
