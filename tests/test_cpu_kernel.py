@@ -37,7 +37,7 @@ def test_compiled_tokens_equal_eager_tokens(vocab: int, scale: float) -> None:
 
 
 def test_quantised_logits_with_ties_at_the_kth_value() -> None:
-    """Logits rounded to 0.5: many exact ties, also at the k-th value (rows then take the dense path)."""
+    """Logits rounded to 0.5: many exact ties, also at the k-th value (those rows widen their candidates)."""
     logits = torch.round(torch.randn(16, 5000, generator=torch.Generator().manual_seed(3)) * 4) / 2
     params = [SamplingParams(top_k=k, top_p=0.95, seed=k) for k in range(1, 17)]
     expected = ZeroCheckSampler().sample(logits, params, None, 5).tokens

@@ -101,8 +101,8 @@ def _top_candidates(row, vals, ids):
     return nan > 0
 
 
-def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied):
-    """Row r = rows[j]: tokens[r], row_max[r]; kth_out[j] and tied[j] for a top-k row."""
+def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
+    """Row r = rows[j]: tokens[r], row_max[r]."""
     r = rows[j]
     k = top_k[j]
     width = 1 if greedy[j] else k + 1  # greedy: the first largest value (ties keep the lowest id)
@@ -115,13 +115,24 @@ def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, to
         tokens[r], row_max[r] = max(ids[0], 0), vals[0]
         return
     row_max[r] = vals[0]
-    kth_out[j] = vals[k - 1]
-    tied[j] = vals[k] == vals[k - 1] and math.isfinite(vals[k - 1])
+    kth = vals[k - 1]
+    keep = k
+    if vals[k] == kth and math.isfinite(kth):
+        # the k-th value is tied past the candidates (common with bf16 logits): widen them until a smaller
+        # value shows, so that every token >= the k-th value is kept, as the checked chain's filter does
+        vocab = x.shape[1]
+        while width < vocab and vals[width - 1] == kth:
+            width = min(2 * width, vocab)
+            vals = np.empty(width, np.float32)
+            ids = np.empty(width, np.int64)
+            _top_candidates(x[r], vals, ids)
+        while keep < width and vals[keep] == kth:
+            keep += 1
     t = temperature[j]
-    y = np.empty(k, np.float32)
+    y = np.empty(keep, np.float32)
     total = 0.0
-    cum = np.empty(k, np.float64)
-    for i in range(k):
+    cum = np.empty(keep, np.float64)
+    for i in range(keep):
         y[i] = (vals[i] - vals[0]) / t
         if math.isfinite(vals[i]):
             total += math.exp(np.float64(y[i]))
@@ -130,11 +141,11 @@ def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, to
     if top_p[j] < 1.0:
         target = np.float64(top_p[j]) * total
         cut = 0
-        while cut < k - 1 and cum[cut] < target:
+        while cut < keep - 1 and cum[cut] < target:
             cut += 1
         low = max(low, y[cut])
     best, arg = -np.inf, ids[0]
-    for i in range(k):
+    for i in range(keep):
         if math.isfinite(vals[i]) and y[i] >= low:
             score = np.float64(y[i]) - _log_noise(keys[j, 0], keys[j, 1], ids[i])
             if score > best:
@@ -142,16 +153,16 @@ def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, to
     tokens[r] = arg
 
 
-def _draw_rows_serial(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied):
+def _draw_rows_serial(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
     """`_draw_row` for every j, in this thread."""
     for j in range(rows.shape[0]):
-        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied)
+        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max)
 
 
-def _draw_rows(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied):
+def _draw_rows(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
     """`_draw_row` for every j, rows spread over numba's threads."""
     for j in numba.prange(rows.shape[0]):
-        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max, kth_out, tied)
+        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max)
 
 
 if numba is not None:
@@ -174,18 +185,15 @@ def warm_up() -> None:
 
 
 def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
-                        row_max: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+                        row_max: torch.Tensor) -> None:
     """Draw the greedy and top-k `rows` of x [B, V] float32 (contiguous, CPU, penalties applied)
-    into tokens [B] int64 and row_max [B] float32, in place. Returns the top-k rows whose k-th value
-    is tied past the candidates (they need whole-row treatment) and their k-th values [T] float32."""
+    into tokens [B] int64 and row_max [B] float32, in place. A top-k row whose k-th value is tied past
+    its candidates widens them in the kernel (every token >= the k-th value is kept)."""
     every = len(rows) == batch.size  # the common case: no per-row gathers
     index = torch.tensor(rows, dtype=torch.int64)
     pick = (lambda t: t) if every else (lambda t: t[index])
     greedy = np.array([batch.greedy[r] for r in rows])
     top_k = np.array([batch.top_k_list[r] if not batch.greedy[r] else 1 for r in rows], dtype=np.int64)
-    kth, tied = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.bool_)
     draw = _draw_rows if len(rows) >= PARALLEL_ROWS else _draw_rows_serial
     draw(x.numpy(), index.numpy(), greedy, top_k, pick(batch.temperature).numpy(), pick(batch.top_p).numpy(),
-         torch.log(pick(batch.min_p)).numpy(), pick(batch.keys).numpy(), tokens.numpy(), row_max.numpy(), kth, tied)
-    tied_at = np.flatnonzero(tied)
-    return [rows[i] for i in tied_at], torch.from_numpy(kth[tied_at])
+         torch.log(pick(batch.min_p)).numpy(), pick(batch.keys).numpy(), tokens.numpy(), row_max.numpy())

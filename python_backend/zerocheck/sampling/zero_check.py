@@ -116,10 +116,8 @@ class ZeroCheckSampler:
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
         if self.compiled and x.device.type == "cpu" and (greedy or top_k):
-            tied, kth = cpu_kernel.draw_candidate_rows(x, batch, sorted(greedy + top_k), tokens, row_max)
+            cpu_kernel.draw_candidate_rows(x, batch, sorted(greedy + top_k), tokens, row_max)
             greedy, top_k = [], []
-            if tied:
-                self._draw_dense(_rows(x, tied), batch, tied, kth, tokens, row_max)
         if greedy:
             rows = _rows(x, greedy)
             values, ids = rows.max(-1)
@@ -127,7 +125,7 @@ class ZeroCheckSampler:
         if top_k:
             self._draw_top_k(x, batch, top_k, tokens, row_max)
         if dense:
-            self._draw_dense(_rows(x, dense), batch, dense, None, tokens, row_max)
+            self._draw_dense(_rows(x, dense), batch, dense, tokens, row_max)
         return tokens, row_max
 
     def _draw_top_k(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int],
@@ -140,14 +138,29 @@ class ZeroCheckSampler:
                                                     batch.top_p[idx], batch.min_p[idx], batch.keys[idx])
         top = values[:, 0]
         _put(tokens, row_max, rows, drawn, top)
-        if bool(tied.any()):  # exact ties at the k-th value reach past the candidates: do whole rows
-            tied_pos = tied.nonzero().flatten().tolist()
-            tied_rows = [rows[i] for i in tied_pos]
-            self._draw_dense(_rows(x, tied_rows), batch, tied_rows, kth[tied_pos], tokens, row_max)
+        if bool(tied.any()):  # exact ties at the k-th value reach past the candidates: widen them
+            self._draw_tied(x, batch, [rows[i] for i in tied.nonzero().flatten().tolist()], kth[tied], tokens, row_max)
 
-    def _draw_dense(self, xs: torch.Tensor, batch: SamplingBatch, rows: list[int], kth: torch.Tensor | None,
-                    tokens: torch.Tensor, row_max: torch.Tensor) -> None:
-        """xs: [R, V] whole rows; kth: [R] top-k threshold logits (tie rows) or None."""
+    def _draw_tied(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int], kth: torch.Tensor,
+                   tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+        """Top-k rows whose k-th value (kth [R]) repeats past their candidates: every token >= it is kept (the
+        checked chain's filter), so k becomes that count and the candidates are widened to hold them all (as
+        the compiled kernel does: the same race over the same ids)."""
+        xs = _rows(x, rows)
+        counts = (xs >= kth.unsqueeze(1)).sum(-1)
+        width = int(counts.max()) + 1
+        values, ids = ops.topk_candidates(xs, min(width, xs.shape[1]))
+        if values.shape[1] < width:  # every token is kept: one -inf past them
+            values = torch.cat([values, values.new_full((len(rows), 1), -math.inf)], 1)
+            ids = torch.cat([ids, ids.new_zeros((len(rows), 1))], 1)
+        idx = torch.tensor(rows, device=x.device)
+        drawn, _, _ = ops.draw_from_candidates(values, ids, counts, batch.temperature[idx], batch.top_p[idx],
+                                               batch.min_p[idx], batch.keys[idx])
+        _put(tokens, row_max, rows, drawn, values[:, 0])
+
+    def _draw_dense(self, xs: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
+                    row_max: torch.Tensor) -> None:
+        """xs: [R, V] whole rows without top-k."""
         idx = torch.tensor(rows, device=xs.device)
         top = xs.amax(-1)
         shift = top
@@ -160,8 +173,6 @@ class ZeroCheckSampler:
         y.mul_(inv_t.unsqueeze(1))
         w = torch.exp(y, out=self._workspace.get("w", xs.shape, xs.dtype, xs.device))
         lower = torch.log(batch.min_p[idx])
-        if kth is not None:
-            w.masked_fill_(y < ((kth - shift) * inv_t).unsqueeze(1), 0.0)
         top_p = batch.top_p[idx]
         if bool((top_p < 1.0).any()):
             tau = ops.dense_top_p_threshold(y, w, top_p, self._workspace)
