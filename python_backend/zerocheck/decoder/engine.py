@@ -147,8 +147,9 @@ class _Logits:
 
 
 class DecoderEngine:
-    def __init__(self, config: DecoderConfig, step_fn: StepFunction, pool: KVCachePool, backend: str,
-                 dtype: str = "fp32", fail_token: int = -1, device: str = "cpu") -> None:
+    def __init__(self, config: DecoderConfig, step_fn: StepFunction | PackedTransformer, pool: KVCachePool,
+                 backend: str, dtype: str = "fp32", fail_token: int = -1, device: str = "cpu") -> None:
+        """`step_fn`: a `StepFunction` (caches gathered per step), or a `PackedTransformer` (the pool in place)."""
         self.config, self.pool, self.backend, self.dtype, self.device = config, pool, backend, dtype, device
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
@@ -225,13 +226,19 @@ class DecoderEngine:
         counts = torch.tensor([len(row.tokens) for row in rows])
         t, p = int(counts.max()), max(1, int(lengths.max()))
         tokens = torch.tensor([row.tokens + [0] * (t - len(row.tokens)) for row in rows], dtype=torch.long)
+        if self.fail_token >= 0 and bool((tokens == self.fail_token).any()):
+            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
+        if isinstance(self._step_fn, PackedTransformer):
+            slots = torch.tensor([row.held.slot for row in rows])
+            logits = self._step_fn.step(tokens, counts, lengths, slots, self.pool.keys, self.pool.values)
+            for row in rows:
+                self.pool.advance(row.held, len(row.tokens))
+            return logits
         steps = torch.arange(t)
         positions = lengths[:, None] + steps[None, :]
         past_visible = torch.arange(p)[None, None, :] < lengths[:, None, None]  # [B, 1, P]
         new_visible = (steps[None, :] <= steps[:, None])[None] & (steps[None, None, :] < counts[:, None, None])
         mask = torch.cat([past_visible.expand(-1, t, -1), new_visible], dim=-1)  # [B, T, P+T]
-        if self.fail_token >= 0 and bool((tokens == self.fail_token).any()):
-            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
         past_keys, past_values = self.pool.gather([row.held.slot for row in rows], p)
         logits, new_keys, new_values = self._step_fn(tokens, positions, mask, counts - 1, past_keys, past_values)
         for b, row in enumerate(rows):

@@ -111,5 +111,9 @@ class KVCachePool:
         n = new_keys.shape[2]
         self.keys[:, held.slot, :, held.length : held.length + n] = new_keys
         self.values[:, held.slot, :, held.length : held.length + n] = new_values
+        self.advance(held, n)
+
+    def advance(self, held: SlotState, n: int) -> None:
+        """Count `n` more cached positions for `held` (written in place by the step, or by `write`)."""
         held.length += n
         held.last_step = self.clock()

@@ -2,15 +2,17 @@
 
 The module's forward runs ~2,500 small torch ops per step, and its bf16 `linear`s go through a generic
 GEMM that re-lays the weights out on every call (measured at batch 1: 172 us a matmul, 36 ms of a 60 ms
-step). Here, at load:
+step). Here:
 - q/k/v projections are one matrix, and gate/up another (4 GEMMs a layer instead of 7);
 - every weight is reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, the
   packing torch.compile's freezing pass uses), so each GEMM is one AMX / AVX512-BF16 call;
-- the attention mask becomes one additive float32 bias per step, shared by all layers; attention stays
-  the module's grouped-query matmuls (its fp32 softmax), faster at decode than the fused SDPA kernel
-  (0.17 vs 1.8 ms a layer at 32 rows).
+- the KV cache pool is read and written in place: new keys and values go straight into the rows' slots
+  and attention reads the slots as a view (the gather of every row's past into a batch copy was 24 % of
+  the served decoder's time at 32 streams); one additive float32 attention bias per step serves all
+  layers; attention stays the module's grouped-query matmuls (its fp32 softmax), faster at decode than
+  the fused SDPA kernel (0.17 vs 1.8 ms a layer at 32 rows).
 Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16.
-Same inputs and outputs as `Transformer.forward` (a `StepFunction`).
+`step` takes the pool's caches and the rows' slots instead of `Transformer.forward`'s gathered caches.
 """
 from __future__ import annotations
 
@@ -81,27 +83,40 @@ class PackedTransformer:
         self.lm_head = _pack(model.lm_head.weight)
 
     @torch.no_grad()
-    def __call__(
-        self,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        attention_mask: torch.Tensor,
-        last_index: torch.Tensor,
-        past_keys: torch.Tensor,
-        past_values: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As `Transformer.forward`; past_keys/values in bfloat16."""
+    def step(self, tokens: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
+             keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """One step for B rows that reads and writes the KV cache pool in place (no per-step gather).
+
+        tokens: [B, T] int64, row b's first counts[b] real (the rest padding); lengths: [B] cached positions
+        of each row; slots: [B] distinct pool slots; keys, values: the pool's [L, S, Hkv, max_seq_len, D]
+        bfloat16 caches (`KVCachePool.keys` / `.values`). Each row's new keys and values are written at
+        positions lengths[b] .. lengths[b] + counts[b] - 1 of its slot (the caller then advances its length;
+        a forward that fails leaves them past the length, unseen), and every query attends to its slot's
+        first lengths[b] + t + 1 positions. Returns the logits [B, V] float32 at each row's last real token.
+        """
         config = self.config
         heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         groups, q_width, kv_width = heads // kv_heads, heads * head_dim, kv_heads * head_dim
         b, t = tokens.shape
+        steps = torch.arange(t)
+        positions = lengths[:, None] + steps
+        span = int((lengths + counts).max())  # the positions any row attends to
+        written = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)  # (row, step) of each real token
+        write_slots, write_positions = slots[written[0]], positions[written]
+        # The rows' slots as one window of the pool, a view that the attention's matmuls read as it is, when
+        # it is not much wider than the batch (rows between are computed and dropped); else a copy per layer.
+        low = int(slots.min())
+        window = int(slots.max()) + 1 - low
+        in_window = window <= 2 * b
+        rows, place = (window, slots - low) if in_window else (b, None)
+        # [rows, 1, 1, T, span]: 0 where visible, float32's min elsewhere (rows outside the batch see all)
+        visible = torch.arange(span)[None, None, :] <= positions[:, :, None]
+        bias = torch.zeros(b, t, span).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None, None]
+        if in_window:
+            bias = bias.new_zeros(rows, *bias.shape[1:]).index_copy_(0, place, bias)
         cos, sin = (angle.to(torch.bfloat16) for angle in rotary_cos_sin(positions, self.inv_freq))
-        # [B, 1, 1, T, P+T]: 0 where visible, float32's min elsewhere (as the module's masked_fill)
-        bias = torch.zeros(attention_mask.shape, dtype=torch.float32).masked_fill_(
-            ~attention_mask, torch.finfo(torch.float32).min)[:, None, None]
         scale = head_dim**-0.5
         x = F.embedding(tokens, self.embedding)
-        new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
             qkv = _linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv)
             if layer.qkv_bias is not None:
@@ -110,22 +125,25 @@ class PackedTransformer:
             q = apply_rotary(q.view(b, t, heads, head_dim).transpose(1, 2), cos, sin)
             k = apply_rotary(k.view(b, t, kv_heads, head_dim).transpose(1, 2), cos, sin)
             v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
-            # query heads grouped per KV head, [B, Hkv, G*T, D]: keys and values are read as they are (a
-            # broadcast matmul would copy them G times); past and new keys are scored apart (no copy of the past)
-            q = q.reshape(b, kv_heads, groups * t, head_dim)
-            scores = torch.cat([torch.matmul(q, past_keys[i].transpose(-1, -2)), torch.matmul(q, k.transpose(-1, -2))],
-                               dim=-1).to(torch.float32)
-            past = past_keys.shape[3]
-            weights = torch.softmax(scores.view(b, kv_heads, groups, t, past + t).mul_(scale).add_(bias), dim=-1)
-            weights = weights.to(torch.bfloat16).view(b, kv_heads, groups * t, past + t)
-            attended = torch.matmul(weights[..., :past], past_values[i]) + torch.matmul(weights[..., past:], v)
-            attended = attended.view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
+            layer_keys, layer_values = keys[i], values[i]
+            layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
+            layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
+            if in_window:
+                past_keys, past_values = layer_keys[low : low + window, :, :span], layer_values[low : low + window, :, :span]
+            else:
+                past_keys, past_values = (cache.index_select(0, slots)[:, :, :span] for cache in (layer_keys, layer_values))
+            # query heads grouped per KV head, [rows, Hkv, G*T, D]: the keys and values are read as they
+            # are (a broadcast matmul would copy them G times)
+            grouped = q.reshape(b, kv_heads, groups * t, head_dim)
+            if in_window:
+                grouped = grouped.new_zeros(rows, *grouped.shape[1:]).index_copy_(0, place, grouped)
+            scores = torch.matmul(grouped, past_keys.transpose(-1, -2)).to(torch.float32)
+            weights = torch.softmax(scores.view(rows, kv_heads, groups, t, span).mul_(scale).add_(bias), dim=-1)
+            attended = torch.matmul(weights.to(torch.bfloat16).view(rows, kv_heads, groups * t, span), past_values)
+            attended = (attended[place] if in_window else attended).view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
             x = x + _linear(attended, layer.o)
             gate, up = _linear(_rms_norm(x, layer.post_attention_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.down)
-            new_keys.append(k)
-            new_values.append(v)
-        index = last_index.view(-1, 1, 1).expand(-1, 1, x.shape[-1])
+        index = (counts - 1).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
         last_hidden = torch.gather(x, 1, index).squeeze(1)
-        logits = _linear(_rms_norm(last_hidden, self.norm, self.eps), self.lm_head).to(torch.float32)
-        return logits, torch.stack(new_keys), torch.stack(new_values)
+        return _linear(_rms_norm(last_hidden, self.norm, self.eps), self.lm_head).to(torch.float32)
