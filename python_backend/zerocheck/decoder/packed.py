@@ -129,9 +129,10 @@ class PackedTransformer:
             layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
             layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
             if in_window:
-                past_keys, past_values = layer_keys[low : low + window, :, :span], layer_values[low : low + window, :, :span]
+                past_keys, past_values = (cache[low : low + window, :, :span] for cache in (layer_keys, layer_values))
             else:
-                past_keys, past_values = (cache.index_select(0, slots)[:, :, :span] for cache in (layer_keys, layer_values))
+                past_keys, past_values = (cache.index_select(0, slots)[:, :, :span]
+                                          for cache in (layer_keys, layer_values))
             # query heads grouped per KV head, [rows, Hkv, G*T, D]: the keys and values are read as they
             # are (a broadcast matmul would copy them G times)
             grouped = q.reshape(b, kv_heads, groups * t, head_dim)
@@ -140,7 +141,9 @@ class PackedTransformer:
             scores = torch.matmul(grouped, past_keys.transpose(-1, -2)).to(torch.float32)
             weights = torch.softmax(scores.view(rows, kv_heads, groups, t, span).mul_(scale).add_(bias), dim=-1)
             attended = torch.matmul(weights.to(torch.bfloat16).view(rows, kv_heads, groups * t, span), past_values)
-            attended = (attended[place] if in_window else attended).view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
+            if in_window:
+                attended = attended[place]
+            attended = attended.view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
             x = x + _linear(attended, layer.o)
             gate, up = _linear(_rms_norm(x, layer.post_attention_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
             x = x + _linear(F.silu(gate) * up, layer.down)
