@@ -152,3 +152,28 @@ def test_a_bad_parameter_is_named():
     del incomplete.parameters["device"]
     with pytest.raises(ConfigError, match="model zero_check_sampler: parameter device is required"):
         parameters(SamplerParameters, incomplete)
+
+
+def test_gpu_instances_are_placed_by_triton_and_run_where_they_are_placed(tmp_path):
+    """`zerocheck serve` on a GPU machine: the decoder and the zero-check sampler get KIND_GPU instance
+    groups in a copy of the repository, and an instance runs on the GPU Triton hands it."""
+    from zerocheck.serve.cli import place_on_gpus
+    from zerocheck.serve.repository import GPU_MODELS, copy_repository
+
+    copied = copy_repository(tmp_path / "repository", gpu_models=GPU_MODELS)
+    for model in ("decoder", "zero_check_sampler", "generate", "preprocessing"):
+        text = (copied / model / "config.pbtxt").read_text()
+        kind = re.search(r"instance_group \[ \{ count: 1 kind: (KIND_\w+) \} \]", text)[1]
+        assert kind == ("KIND_GPU" if model in GPU_MODELS else "KIND_CPU"), model
+    assert "KIND_GPU" not in config("decoder")  # the shipped repository is untouched
+    args = {"model_config": json.dumps({"name": "decoder", "parameters": {}}),
+            "model_instance_kind": "GPU", "model_instance_device_id": "1"}
+    assert ModelConfig(args).instance_device("auto") == ModelConfig(args).instance_device("cuda") == "cuda:1"
+    with pytest.raises(ConfigError, match="model decoder: parameter device is cpu, but the instance is KIND_GPU .GPU 1."):
+        ModelConfig(args).instance_device("cpu")
+    cpu = {**args, "model_instance_kind": "CPU", "model_instance_device_id": "0"}
+    assert [ModelConfig(cpu).instance_device(d) for d in ("auto", "cpu", "cuda")] == ["auto", "cpu", "cuda"]
+    assert (place_on_gpus("gpu"), place_on_gpus("cpu")) == (True, False)
+    import torch
+
+    assert place_on_gpus("auto") == torch.cuda.is_available()

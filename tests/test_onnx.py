@@ -88,8 +88,15 @@ def test_the_device_is_chosen_once_for_the_backend(artifacts: Path) -> None:
         choose_device("cuda", "torch", cuda_available=False)
     with pytest.raises(ValueError, match="device cuda needs backend torch"):
         choose_device("cuda", "onnxruntime", cuda_available=True)
-    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda"):
+    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"):
         choose_device("gpu", "torch", cuda_available=True)
+    assert choose_device("cuda:1", "torch", cuda_available=True) == "cuda:1"  # a KIND_GPU instance's GPU
+    with pytest.raises(ValueError, match="or cuda:N, got 'cuda:x'"):
+        choose_device("cuda:x", "torch", cuda_available=True)
+    with pytest.raises(ValueError, match="or cuda:N, got 'cpu:1'"):
+        choose_device("cpu:1", "torch", cuda_available=True)
+    with pytest.raises(ValueError, match="device cuda needs backend torch"):
+        choose_device("cuda:0", "onnxruntime", cuda_available=True)
     engine = load_decoder(artifacts, backend="torch", max_slots=1, dtype="fp32", device="auto")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert engine.device == expected and engine.pool.keys.device.type == expected

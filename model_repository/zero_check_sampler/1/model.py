@@ -12,7 +12,7 @@ class TritonPythonModel:
         config = ModelConfig(args)
         params = parameters(SamplerParameters, config)
         self.vocab_size = config.vocab_size()
-        self.device = params.resolved_device()
+        self.device = config.instance_device(params.resolved_device())
         self.sampler = make_sampler(self.vocab_size, config.max_batch_size, self.device, params.cuda_graph_max_top_k)
 
     def execute(self, requests):

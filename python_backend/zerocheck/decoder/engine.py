@@ -51,7 +51,7 @@ def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "c
     if requested == "auto":
         if backend != "torch":
             return "fp32"
-        if device == "cuda":
+        if device.startswith("cuda"):
             return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
         return "bf16" if any(flag in flags for flag in BF16_CPU_FLAGS) else "fp32"
     if backend not in DTYPE_BACKENDS[requested]:
@@ -71,7 +71,7 @@ def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool
         return requested
     if dtype == "int8":
         return "onnxruntime"
-    if device == "cuda" or (device == "auto" and cuda_available):
+    if device.startswith("cuda") or (device == "auto" and cuda_available):
         return "torch"
     if dtype == "bf16" or (dtype == "auto" and bf16_cpu):
         return "torch"
@@ -82,11 +82,13 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
-    """`requested` (auto | cpu | cuda) made concrete for `backend`: the torch backend runs where asked, on
-    CUDA for auto when torch sees a GPU; onnxruntime runs on the CPU here (auto picks the CPU for it)."""
-    if requested not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {requested!r}")
-    if requested == "cuda":
+    """`requested` (auto | cpu | cuda | cuda:N, the GPU Triton gave a KIND_GPU instance) made concrete for
+    `backend`: the torch backend runs where asked, on CUDA for auto when torch sees a GPU; onnxruntime runs
+    on the CPU here (auto picks the CPU for it)."""
+    kind, _, index = requested.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"device must be one of {', '.join(DEVICES)} or cuda:N, got {requested!r}")
+    if kind == "cuda":
         if not cuda_available:
             raise ValueError("device cuda asked for, but torch sees no CUDA device")
         if backend != "torch":

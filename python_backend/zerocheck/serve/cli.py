@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
 from zerocheck.frontend.cli import add_limit_arguments, limits_of
 from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.serve.repository import GPU_MODELS, copy_repository
 from zerocheck.serve.server import RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
 
@@ -50,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     parser.add_argument("--demo", action="store_true", help="stream one generation from `generate`, then exit")
     parser.add_argument("--no-build", action="store_true", help="do not build missing artifacts")
+    parser.add_argument("--instances", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="where the decoder and zero_check_sampler instances run: gpu = KIND_GPU instance "
+                             "groups (a copy of the repository); auto = gpu when torch sees a CUDA device")
 
 
 def ensure_artifacts(artifacts: Path, build: bool) -> bool:
@@ -114,6 +119,15 @@ def interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def place_on_gpus(instances: str) -> bool:
+    """--instances made concrete: auto is gpu when torch sees a CUDA device (decided once, at start)."""
+    if instances != "auto":
+        return instances == "gpu"
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def run(args: argparse.Namespace) -> int:
     repository = (args.model_repository or default_model_repository()).resolve()
     artifacts = (args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts"))
@@ -123,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not ensure_artifacts(artifacts, build=not args.no_build):
         return 2
+    if place_on_gpus(args.instances):
+        placed = Path(tempfile.mkdtemp(prefix="zerocheck-gpu-")) / "model_repository"
+        repository = copy_repository(placed, source=repository, gpu_models=GPU_MODELS)
+        print(f"KIND_GPU instances for {', '.join(GPU_MODELS)} (repository copied to {repository})", flush=True)
     try:
         server = ServingStack(
             repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,

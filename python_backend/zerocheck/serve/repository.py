@@ -1,5 +1,6 @@
 """Copies of the model repository with some models' string parameters changed (tests' knobs, the
-benchmarks' sizes and decoder variants): the shipped configs stay as they are."""
+benchmarks' sizes and decoder variants) or their instances placed on GPUs (`zerocheck serve` on a GPU
+machine): the shipped configs stay as they are."""
 from __future__ import annotations
 
 import re
@@ -10,12 +11,24 @@ from pathlib import Path
 from zerocheck import REPO_ROOT
 
 
+GPU_MODELS = ("decoder", "zero_check_sampler")  # the models that run on a GPU when the machine has one
+_CPU_INSTANCES = "instance_group [ { count: 1 kind: KIND_CPU } ]"
+
+
 def copy_repository(target: Path, parameters: Mapping[str, Mapping[str, str]] | None = None,
-                    source: Path = REPO_ROOT / "model_repository") -> Path:
+                    source: Path = REPO_ROOT / "model_repository", gpu_models: tuple[str, ...] = ()) -> Path:
     """`source` copied to `target` with `parameters` ({model: {key: value}}) set in that model's
     config.pbtxt: a parameter the config has gets the new value, one it lacks is added (the test-only
-    knobs the shipped configs never carry: `test_delay_ms`, `test_fail_token`)."""
+    knobs the shipped configs never carry: `test_delay_ms`, `test_fail_token`); the `gpu_models` get a
+    KIND_GPU instance group (one instance on each GPU Triton sees; the model then runs on the GPU its
+    instance is given, `ModelConfig.instance_device`)."""
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for model in gpu_models:
+        config = target / model / "config.pbtxt"
+        text = config.read_text()
+        if text.count(_CPU_INSTANCES) != 1:
+            raise ValueError(f"{config}: expected one {_CPU_INSTANCES!r} to place on GPUs")
+        config.write_text(text.replace(_CPU_INSTANCES, "instance_group [ { count: 1 kind: KIND_GPU } ]"))
     for model, values in (parameters or {}).items():
         config = target / model / "config.pbtxt"
         text = config.read_text()

@@ -33,6 +33,18 @@ class ModelConfig:
         self.name: str = self.raw["name"]
         self.parameters = {k: v["string_value"] for k, v in self.raw.get("parameters", {}).items()}
         self.max_batch_size = int(self.raw.get("max_batch_size", 0))
+        self.instance_kind: str = args.get("model_instance_kind", "CPU")  # KIND_GPU instances: "GPU"
+        self.instance_device_id = int(args.get("model_instance_device_id", 0))
+
+    def instance_device(self, device: str) -> str:
+        """Where this instance runs: the GPU Triton placed a KIND_GPU instance on (cuda:<device id>; a
+        device parameter of cpu is refused there), else `device` (the model's device parameter)."""
+        if self.instance_kind != "GPU":
+            return device
+        if device == "cpu":
+            raise ConfigError(f"model {self.name}: parameter device is cpu, but the instance is KIND_GPU "
+                              f"(GPU {self.instance_device_id})")
+        return f"cuda:{self.instance_device_id}"
 
     def artifacts_dir(self) -> Path:
         """ZEROCHECK_ARTIFACTS, else the `artifacts` parameter, else artifacts/ beside the repository."""
