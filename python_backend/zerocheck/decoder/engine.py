@@ -278,16 +278,15 @@ def load_decoder(
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
-    flags = cpu_flags()
-    bf16_cpu = any(flag in flags for flag in BF16_CPU_FLAGS) and packing_available()
-    backend = choose_backend(backend, dtype, device, torch.cuda.is_available(), bf16_cpu)
-    device = choose_device(device, backend, torch.cuda.is_available())
+    flags, packing, cuda = cpu_flags(), packing_available(), torch.cuda.is_available()
+    backend = choose_backend(backend, dtype, device, cuda, packing and any(flag in flags for flag in BF16_CPU_FLAGS))
+    device = choose_device(device, backend, cuda)
     dtype = choose_dtype(dtype, backend, flags, device)
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
         model = load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device)
-        if device == "cpu" and dtype == "bf16" and packing_available():
+        if device == "cpu" and dtype == "bf16" and packing:
             step_fn = PackedTransformer(model)
             kernels = "packed oneDNN bf16 weights"
         else:

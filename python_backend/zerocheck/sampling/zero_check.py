@@ -130,33 +130,30 @@ class ZeroCheckSampler:
 
     def _draw_top_k(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int],
                     tokens: torch.Tensor, row_max: torch.Tensor) -> None:
-        xs = _rows(x, rows)
         idx = torch.tensor(rows, device=x.device)
-        width = min(max(batch.top_k_list[b] for b in rows) + 1, xs.shape[1])
-        values, ids = ops.topk_candidates(xs, width)
-        drawn, kth, tied = ops.draw_from_candidates(values, ids, batch.top_k[idx], batch.temperature[idx],
-                                                    batch.top_p[idx], batch.min_p[idx], batch.keys[idx])
-        top = values[:, 0]
-        _put(tokens, row_max, rows, drawn, top)
-        if bool(tied.any()):  # exact ties at the k-th value reach past the candidates: widen them
-            self._draw_tied(x, batch, [rows[i] for i in tied.nonzero().flatten().tolist()], kth[tied], tokens, row_max)
+        width = max(batch.top_k_list[b] for b in rows) + 1  # top_k < V: the candidates fit in a row
+        self._draw_candidates(_rows(x, rows), batch, rows, batch.top_k[idx], width, tokens, row_max)
 
-    def _draw_tied(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int], kth: torch.Tensor,
-                   tokens: torch.Tensor, row_max: torch.Tensor) -> None:
-        """Top-k rows whose k-th value (kth [R]) repeats past their candidates: every token >= it is kept (the
-        checked chain's filter), so k becomes that count and the candidates are widened to hold them all (as
-        the compiled kernel does: the same race over the same ids)."""
-        xs = _rows(x, rows)
-        counts = (xs >= kth.unsqueeze(1)).sum(-1)
-        width = int(counts.max()) + 1
+    def _draw_candidates(self, xs: torch.Tensor, batch: SamplingBatch, rows: list[int], k: torch.Tensor, width: int,
+                         tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+        """Draw `rows` (logits xs [R, V]) among their `width` largest values with top-k `k` [R] (< width). A
+        row whose k-th value repeats past its candidates keeps every token >= it (the checked chain's
+        filter): it is drawn again with k = that count and the candidates widened to hold them all (as the
+        compiled kernel does: the same race over the same ids)."""
         values, ids = ops.topk_candidates(xs, min(width, xs.shape[1]))
         if values.shape[1] < width:  # every token is kept: one -inf past them
             values = torch.cat([values, values.new_full((len(rows), 1), -math.inf)], 1)
             ids = torch.cat([ids, ids.new_zeros((len(rows), 1))], 1)
-        idx = torch.tensor(rows, device=x.device)
-        drawn, _, _ = ops.draw_from_candidates(values, ids, counts, batch.temperature[idx], batch.top_p[idx],
-                                               batch.min_p[idx], batch.keys[idx])
+        idx = torch.tensor(rows, device=xs.device)
+        drawn, kth, tied = ops.draw_from_candidates(values, ids, k, batch.temperature[idx], batch.top_p[idx],
+                                                    batch.min_p[idx], batch.keys[idx])
         _put(tokens, row_max, rows, drawn, values[:, 0])
+        if bool(tied.any()):
+            at = tied.nonzero().flatten()
+            wide = xs[at]
+            counts = (wide >= kth[at].unsqueeze(1)).sum(-1)
+            self._draw_candidates(wide, batch, [rows[i] for i in at.tolist()], counts, int(counts.max()) + 1,
+                                  tokens, row_max)
 
     def _draw_dense(self, xs: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
                     row_max: torch.Tensor) -> None:
