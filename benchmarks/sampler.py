@@ -8,7 +8,7 @@ vs a memory-bound floor.
 For every (V, B, logits kind, parameter mix) it times one call of `checked_sample`,
 `zero_check_sample` (eager torch), the runner the server uses (`make_sampler`: the compiled CPU
 kernel on CPU, CUDA graphs on GPU) and the floor `logits.amax(dim=-1)` (one read of the logits),
-interleaved round-robin so machine noise hits all alike, and prints the medians and the ratios
+interleaved round-robin so machine noise hits all alike (under the server's OpenMP settings), and prints the medians and the ratios
 checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case).
 No assertion on timings: the ratios are the result.
 """
@@ -17,15 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
+from zerocheck.serve.binary import THREAD_ENVIRONMENT  # noqa: E402
+
+for _name, _value in THREAD_ENVIRONMENT.items():  # the server's OpenMP settings, before torch starts its threads
+    os.environ.setdefault(_name, _value)
+
+import torch  # noqa: E402
+
 from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample  # noqa: E402
 from zerocheck.sampling.cuda_graph import make_sampler  # noqa: E402
 
@@ -34,9 +40,11 @@ BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every thir
 FLOOR_CALLS = 5  # the floor is cheap and noisy: several timed calls per round
 
 MIXES: dict[str, tuple[SamplingParams, bool]] = {  # name -> (params of every row, needs a history)
+    "greedy": (SamplingParams(temperature=0.0), False),
     "T0.7": (SamplingParams(temperature=0.7), False),
     "top_k50": (SamplingParams(top_k=50), False),
     "top_p0.9": (SamplingParams(top_p=0.9), False),
+    "min_p0.05": (SamplingParams(min_p=0.05), False),
     "k50+p0.9+T0.7": (SamplingParams(top_k=50, top_p=0.9, temperature=0.7), False),
     "penalties+k50": (SamplingParams(top_k=50, repetition_penalty=1.2, presence_penalty=0.5,
                                      frequency_penalty=0.3), True),

@@ -18,11 +18,14 @@ MIXED = [
     SamplingParams(top_k=40, min_p=0.05, temperature=1.3, seed=4),
     SamplingParams(top_k=20, top_p=0.5, repetition_penalty=1.3, presence_penalty=0.5, seed=5),
     SamplingParams(top_k=30, bad_words=((7,), (3, 9)), seed=6),
-    SamplingParams(top_p=0.8, seed=7),  # dense: eager torch in both
+    SamplingParams(top_p=0.8, seed=7),  # dense rows: every token exponentiated, the two-stage race
+    SamplingParams(temperature=0.7, seed=8),
+    SamplingParams(min_p=0.05, temperature=1.1, seed=9),
+    SamplingParams(top_p=0.9, min_p=0.02, temperature=0.8, seed=10),
 ]
 
 
-@pytest.mark.parametrize("vocab", [1000, 32000, 50257])
+@pytest.mark.parametrize("vocab", [1000, 32000, 50257])  # 1000, 50257: a partial last group
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_compiled_tokens_equal_eager_tokens(vocab: int, scale: float) -> None:
     generator = torch.Generator().manual_seed(vocab)
@@ -37,9 +40,11 @@ def test_compiled_tokens_equal_eager_tokens(vocab: int, scale: float) -> None:
 
 
 def test_quantised_logits_with_ties_at_the_kth_value() -> None:
-    """Logits rounded to 0.5: many exact ties, also at the k-th value (those rows widen their candidates)."""
-    logits = torch.round(torch.randn(16, 5000, generator=torch.Generator().manual_seed(3)) * 4) / 2
-    params = [SamplingParams(top_k=k, top_p=0.95, seed=k) for k in range(1, 17)]
+    """Logits rounded to 0.5 (as bf16 logits, many exact ties): ties at the k-th value keep every tied
+    token; dense top-p rows cross their mass inside a bucket of equal values."""
+    logits = torch.round(torch.randn(24, 5000, generator=torch.Generator().manual_seed(3)) * 4) / 2
+    params = ([SamplingParams(top_k=k, top_p=0.95, seed=k) for k in range(1, 17)]
+              + [SamplingParams(top_p=p, seed=s) for s, p in enumerate((0.3, 0.5, 0.7, 0.9, 0.95, 0.99, 0.999, 1.0))])
     expected = ZeroCheckSampler().sample(logits, params, None, 5).tokens
     assert ZeroCheckSampler(compiled=True).sample(logits, params, None, 5).tokens.tolist() == expected.tolist()
 

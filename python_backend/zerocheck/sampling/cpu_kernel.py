@@ -1,16 +1,23 @@
-"""Compiled CPU kernel (numba) for the candidate rows of the zero-check sampler: greedy and top-k.
+"""Compiled CPU kernel (numba) of the zero-check sampler: every row of a batch in one parallel call.
 
-One pass per row over the logits finds the top (k + 1) candidates: blocks of values are compared
-with the current (k+1)-th one in a vectorised loop, and only a larger value is inserted into the
-small sorted list. Then, on those candidates, the same steps as
-`ops.draw_from_candidates` in the same precision: temperature, top-p on the float64 cumulative mass,
-min-p, and the exponential race with the same counter-based noise, so a row gets the token the
-eager torch path gives (up to the last-ulp rounding of exp/log). Rows run in parallel from
-PARALLEL_ROWS of them on.
+The logits' group maxima (`ops.group_max`: GROUP tokens a group, one vectorised torch pass) steer
+the per-row work, so no row is sorted and only dense rows exponentiate every token:
+- greedy rows: the first group holding the row's largest value, then the first such token in it;
+- top-k rows: the (k+1)-th largest group maximum t bounds the (k+1)-th largest value from below (the
+  k+1 groups above it hold k+1 distinct tokens >= t), so the candidates are the tokens >= t of the
+  groups whose maximum is >= t: every token >= the k-th value, ties included, from about k+1 groups.
+  Then, as `ops.draw_from_candidates`: temperature, top-p on the float64 cumulative mass, min-p and
+  the exponential race;
+- dense rows (no top-k): y = (x - max) / T and w = exp(y) a group at a time (a vectorised exp, within
+  2 ulp of float32's), the group masses, for top-p the mass histogram and exact crossing token of
+  `ops.dense_top_p_threshold`, min-p, then the two-stage race of `ops.race_draw_dense` (groups by
+  their mass, then the members of the winning group).
+The noise is `noise.exponential_noise`'s, keyed by the same (row key, counter), so a row gets the
+token the eager torch path gives (up to float32 rounding of exp and of the order of the sums).
 
 Compiled by `warm_up` when a compiled sampler is made (cached on disk when the package directory is
-writable); `available()` says
-whether numba is importable. The choice of kernel or eager torch is made once, by `make_sampler`.
+writable); `available()` says whether numba is importable. The choice of kernel or eager torch is made
+once, by `make_sampler`.
 """
 from __future__ import annotations
 
@@ -20,15 +27,23 @@ import numpy as np
 import torch
 
 from .batch import SamplingBatch, build_batch
+from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, group_max
 from .params import SamplingParams
 
-BLOCK = 64
-# from this many rows on, spreading them over threads beats the ~0.1 ms it takes to wake them
-# (measured on 2 cores at V = 32000 and 128256)
-PARALLEL_ROWS = 12
+# rows spread over threads from this much work on (top-k/greedy rows; a dense row weighs DENSE_WEIGHT):
+# waking the threads costs ~0.1 ms (measured on 2 cores at V = 32000 and 128256)
+PARALLEL_WORK = 12
+DENSE_WEIGHT = 8
+GREEDY, TOP_K, DENSE = 0, 1, 2
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B
 _INV_2_32 = 1.0 / 4294967296.0
+_F = np.float32
+_LOG2E = _F(1.4426950408889634)
+_LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for |k| < 2**12 (Cody-Waite)
+_LN2_LO = _F(-2.12194440e-4)
+_EXP_FLOOR = _F(-87.0)  # exp(y) below this is taken as 0 (float32's normal range ends at -87.3)
+_BUCKET_SCALE = _F(-HIST_BUCKETS / HIST_RANGE)
 
 try:
     import numba
@@ -50,96 +65,128 @@ def _mix32(z):
     return (z >> 16) ^ z
 
 
-def _log_noise(key0, key1, counter):
-    """log(E), E = -log(u) ~ Exp(1): `noise.exponential_noise` for one (row key, counter)."""
+def _exp_noise(key0, key1, counter):
+    """E = -log(u) ~ Exp(1): `noise.exponential_noise` for one (row key, counter)."""
     z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
     z = _mix32(z ^ (counter >> 32))
-    u = (np.float64(z) + 0.5) * _INV_2_32
-    return math.log(-math.log(u))
+    return -math.log((np.float64(z) + 0.5) * _INV_2_32)
 
 
-def _insert(vals, ids, v, i):
-    """Insert (v, i) into the descending vals (after equal values), dropping the last."""
-    j = len(vals) - 1
-    while j > 0 and vals[j - 1] < v:
-        vals[j] = vals[j - 1]
-        ids[j] = ids[j - 1]
-        j -= 1
-    vals[j] = v
-    ids[j] = i
+def _bucket(y):
+    """y's bucket of the top-p mass histogram (`ops.dense_top_p_threshold`'s)."""
+    return np.int32(min(max(y * _BUCKET_SCALE, _F(0.0)), _F(HIST_BUCKETS - 1)))
 
 
-def _top_candidates(row, vals, ids):
-    """Fill vals/ids with the len(vals) largest values of row (descending; -inf, id -1 when the row has
-    fewer finite ones) and their ids; returns whether the row holds NaN. A vectorised loop counts, in
-    each block of BLOCK values, those above the current last candidate (fixed trip count and integer
-    sums: the loop compiles to SIMD compares); only a block holding one is scanned again to insert it,
-    which soon is rare. The tail past the last whole block is checked value by value."""
-    vals[:] = -np.inf
-    ids[:] = -1
-    low = vals[-1]  # float32, as the row: the block test stays a float32 compare
-    nan = 0
+def _group_masses(row, gmax, top, inv_t, lower, mass, hist):
+    """mass[g] = the float32 sum of w = exp(y) over group g's tokens with y >= lower, y = (row - top) *
+    inv_t (w = 0 below _EXP_FLOOR); groups whose maximum is below lower are skipped. With a histogram
+    (hist.shape[0] == HIST_BUCKETS) the same pass adds each w to hist[y's bucket] for top-p.
+    exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial and 2**k written as
+    float32 bits (within 2 ulp of float32's exp); the loops vectorise (compiled with reassociation and
+    FMA contraction, no NaN/inf assumptions)."""
     vocab = row.shape[0]
-    whole = vocab - vocab % BLOCK
-    for start in range(0, whole, BLOCK):
-        above = 0
-        for i in range(BLOCK):
-            v = row[start + i]
-            nan += v != v
-            above += v > low
-        if above:
-            for i in range(start, start + BLOCK):
-                if row[i] > low:
-                    _insert(vals, ids, row[i], i)
-                    low = vals[-1]
-    for i in range(whole, vocab):
-        v = row[i]
-        nan += v != v
-        if v > low:
-            _insert(vals, ids, v, i)
-            low = vals[-1]
-    return nan > 0
+    w = np.empty(GROUP, np.float32)
+    bits = np.empty(GROUP, np.int32)
+    scale = bits.view(np.float32)
+    buckets = np.empty(GROUP, np.int32)
+    histogram = hist.shape[0] == HIST_BUCKETS
+    for g in range(mass.shape[0]):
+        if (gmax[g] - top) * inv_t < lower:
+            mass[g] = _F(0.0)
+            continue
+        start = g * GROUP
+        n = min(GROUP, vocab - start)
+        for i in range(n):
+            y = (row[start + i] - top) * inv_t
+            z = y if y > _EXP_FLOOR else _EXP_FLOOR
+            k = np.floor(z * _LOG2E + _F(0.5))
+            r = (z - k * _LN2_HI) - k * _LN2_LO
+            p = _F(1.0) + r + r * r * (_F(0.5) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * _F(1 / 720)))))
+            w[i] = p if y > _EXP_FLOOR and y >= lower else _F(0.0)
+            bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        total = _F(0.0)
+        for i in range(n):
+            w[i] *= scale[i]
+            total += w[i]
+        mass[g] = total
+        if histogram:
+            for i in range(n):
+                buckets[i] = _bucket((row[start + i] - top) * inv_t)
+            for i in range(n):
+                hist[buckets[i]] += w[i]
 
 
-def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
-    """Row r = rows[j]: tokens[r], row_max[r]."""
-    r = rows[j]
-    k = top_k[j]
-    width = 1 if greedy[j] else k + 1  # greedy: the first largest value (ties keep the lowest id)
-    vals = np.empty(width, np.float32)
-    ids = np.empty(width, np.int64)
-    if _top_candidates(x[r], vals, ids):
-        tokens[r], row_max[r] = -1, np.nan
-        return
-    if greedy[j]:
-        tokens[r], row_max[r] = max(ids[0], 0), vals[0]
-        return
-    row_max[r] = vals[0]
-    kth = vals[k - 1]
-    keep = k
-    if vals[k] == kth and math.isfinite(kth):
-        # the k-th value is tied past the candidates (common with bf16 logits): widen them until a smaller
-        # value shows, so that every token >= the k-th value is kept, as the checked chain's filter does
-        vocab = x.shape[1]
-        while width < vocab and vals[width - 1] == kth:
-            width = min(2 * width, vocab)
-            vals = np.empty(width, np.float32)
-            ids = np.empty(width, np.int64)
-            _top_candidates(x[r], vals, ids)
-        while keep < width and vals[keep] == kth:
+def _largest(values, count):
+    """The count-th largest of values (-inf when there are fewer), by a small sorted list."""
+    best = np.full(count, -np.inf, np.float32)
+    for v in values:
+        if v > best[count - 1]:
+            j = count - 1
+            while j > 0 and best[j - 1] < v:
+                best[j] = best[j - 1]
+                j -= 1
+            best[j] = v
+    return best[count - 1]
+
+
+def _candidates(row, gmax, low):
+    """Tokens of row with value >= low (and > -inf) in the groups whose maximum is >= low, sorted by
+    value descending, ids ascending among equal values: (values float32, ids int64)."""
+    vocab = row.shape[0]
+    count = 0
+    for g in range(gmax.shape[0]):
+        if gmax[g] >= low:
+            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
+                count += row[i] >= low and row[i] > -np.inf
+    vals = np.empty(count, np.float32)
+    ids = np.empty(count, np.int64)
+    n = 0
+    for g in range(gmax.shape[0]):
+        if gmax[g] >= low:
+            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
+                if row[i] >= low and row[i] > -np.inf:
+                    vals[n] = row[i]
+                    ids[n] = i
+                    n += 1
+    order = np.argsort(-vals, kind="mergesort")
+    return vals[order], ids[order]
+
+
+def _draw_greedy(row, gmax):
+    """(token, max): the first token holding the row's largest value."""
+    best = 0
+    for g in range(1, gmax.shape[0]):
+        if gmax[g] > gmax[best]:
+            best = g
+    top = gmax[best]
+    for i in range(best * GROUP, min(row.shape[0], (best + 1) * GROUP)):
+        if row[i] == top:
+            return i, top
+    return best * GROUP, top  # all -inf
+
+
+def _draw_top_k(row, gmax, k, t, top_p, min_p_log, key0, key1):
+    """A top-k row's token (see the module docstring); -1 when it has no finite value."""
+    vals, ids = _candidates(row, gmax, _largest(gmax, k + 1))
+    width = vals.shape[0]
+    if width == 0:
+        return -1
+    kth = vals[min(k, width) - 1]
+    keep = min(k, width)
+    if math.isfinite(kth):
+        while keep < width and vals[keep] == kth:  # every token >= the k-th value, as the checked chain
             keep += 1
-    t = temperature[j]
     y = np.empty(keep, np.float32)
-    total = 0.0
     cum = np.empty(keep, np.float64)
+    total = 0.0
     for i in range(keep):
         y[i] = (vals[i] - vals[0]) / t
         if math.isfinite(vals[i]):
             total += math.exp(np.float64(y[i]))
         cum[i] = total
-    low = min_p_log[j]
-    if top_p[j] < 1.0:
-        target = np.float64(top_p[j]) * total
+    low = min_p_log
+    if top_p < 1.0:
+        target = np.float64(top_p) * total
         cut = 0
         while cut < keep - 1 and cum[cut] < target:
             cut += 1
@@ -147,53 +194,153 @@ def _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, to
     best, arg = -np.inf, ids[0]
     for i in range(keep):
         if math.isfinite(vals[i]) and y[i] >= low:
-            score = np.float64(y[i]) - _log_noise(keys[j, 0], keys[j, 1], ids[i])
+            score = np.float64(y[i]) - math.log(_exp_noise(key0, key1, ids[i]))
             if score > best:
                 best, arg = score, ids[i]
-    tokens[r] = arg
+    return arg
 
 
-def _draw_rows_serial(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
-    """`_draw_row` for every j, in this thread."""
-    for j in range(rows.shape[0]):
-        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max)
+def _top_p_threshold(row, gmax, top, inv_t, top_p, hist):
+    """`ops.dense_top_p_threshold` for one row, from its mass histogram hist over y's buckets: the
+    bucket where top_p of the mass is crossed, then the crossing token among its members. Bucket b
+    holds -(b + 1) / s < y <= -b / s (s = HIST_BUCKETS / HIST_RANGE, a power of two: y * -s is exact),
+    so members are found by two vectorised compares, in the groups whose maximum reaches the bucket."""
+    vocab = row.shape[0]
+    cum = np.cumsum(hist.astype(np.float64))
+    target = np.float64(top_p) * cum[-1]
+    boundary = min(np.searchsorted(cum, target), HIST_BUCKETS - 1)
+    before = cum[boundary - 1] if boundary > 0 else 0.0
+    high = _F(np.inf) if boundary == 0 else _F(boundary) / _BUCKET_SCALE
+    low = _F(-np.inf) if boundary == HIST_BUCKETS - 1 else _F(boundary + 1) / _BUCKET_SCALE
+    hits = np.zeros(gmax.shape[0], np.int64)
+    for g in range(gmax.shape[0]):
+        if (gmax[g] - top) * inv_t > low:
+            count = 0
+            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
+                y = (row[i] - top) * inv_t
+                count += (y > low) & (y <= high)
+            hits[g] = count
+    count = hits.sum()
+    if count == 0:
+        return _F(-np.inf)
+    members = np.empty(count, np.float32)
+    n = 0
+    for g in np.nonzero(hits)[0]:
+        for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
+            y = (row[i] - top) * inv_t
+            if y > low and y <= high:
+                members[n] = y
+                n += 1
+    members = np.sort(members)[::-1]
+    running = before
+    for i in range(count):
+        running += math.exp(np.float64(members[i]))
+        if running >= target:
+            return members[i]
+    return members[count - 1]
 
 
-def _draw_rows(x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max):
-    """`_draw_row` for every j, rows spread over numba's threads."""
-    for j in numba.prange(rows.shape[0]):
-        _draw_row(j, x, rows, greedy, top_k, temperature, top_p, min_p_log, keys, tokens, row_max)
+def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1):
+    """A dense row's token by the two-stage race (see the module docstring); top: the row's finite max."""
+    vocab = row.shape[0]
+    groups = gmax.shape[0]
+    mass = np.empty(groups, np.float32)
+    lower = _F(-np.inf)
+    if top_p < 1.0:
+        hist = np.zeros(HIST_BUCKETS, np.float32)
+        _group_masses(row, gmax, top, inv_t, lower, mass, hist)
+        lower = _top_p_threshold(row, gmax, top, inv_t, top_p, hist)
+    lower = max(lower, min_p_log)
+    if lower > -np.inf or top_p >= 1.0:
+        _group_masses(row, gmax, top, inv_t, lower, mass, np.empty(0, np.float32))
+    best, winner = np.inf, 0
+    for g in range(groups):
+        if mass[g] > 0.0:
+            score = _exp_noise(key0, key1, g + GROUP_SALT) / np.float64(mass[g])
+            if score < best:
+                best, winner = score, g
+    top_score, arg = -np.inf, winner * GROUP
+    for i in range(winner * GROUP, min(vocab, (winner + 1) * GROUP)):  # log-weight y: no exp needed
+        y = (row[i] - top) * inv_t
+        if y > _EXP_FLOOR and y >= lower:
+            score = np.float64(y) - math.log(_exp_noise(key0, key1, i))
+            if score > top_score:
+                top_score, arg = score, i
+    return arg
+
+
+def _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
+              row_max):
+    """Row r: tokens[r] and row_max[r] (NaN, token -1, when the row holds NaN)."""
+    row, gm = x[r], gmax[r]
+    top = _F(-np.inf)  # float32, as the logits: y = (x - top) / T is then the eager path's float32 value
+    for g in range(gm.shape[0]):
+        if gm[g] != gm[g]:
+            tokens[r], row_max[r] = -1, np.nan
+            return
+        top = max(top, gm[g])
+    row_max[r] = top
+    if kind[r] == GREEDY:
+        tokens[r] = _draw_greedy(row, gm)[0]
+    elif kind[r] == TOP_K:
+        tokens[r] = _draw_top_k(row, gm, top_k[r], temperature[r], top_p[r], min_p_log[r], keys[r, 0], keys[r, 1])
+    elif math.isfinite(top):  # rows at +inf or all -inf are resolved by the caller
+        tokens[r] = _draw_dense(row, gm, top, inv_temperature[r], top_p[r], min_p_log[r], keys[r, 0],
+                                keys[r, 1])
+    else:
+        tokens[r] = 0
+
+
+def _draw_rows_serial(x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
+                      row_max):
+    """`_draw_row` for every row, in this thread."""
+    for r in range(x.shape[0]):
+        _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
+                  row_max)
+
+
+def _draw_rows(x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
+               row_max):
+    """`_draw_row` for every row, rows spread over numba's threads."""
+    for r in numba.prange(x.shape[0]):
+        _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
+                  row_max)
 
 
 if numba is not None:
     _mix32 = numba.njit(inline="always", cache=True)(_mix32)
-    _log_noise = numba.njit(inline="always", cache=True)(_log_noise)
-    _insert = numba.njit(cache=True)(_insert)
-    _top_candidates = numba.njit(cache=True)(_top_candidates)
+    _exp_noise = numba.njit(inline="always", cache=True)(_exp_noise)
+    _group_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_group_masses)
+    _bucket = numba.njit(inline="always", cache=True)(_bucket)
+    _largest = numba.njit(cache=True)(_largest)
+    _candidates = numba.njit(cache=True)(_candidates)
+    _draw_greedy = numba.njit(cache=True)(_draw_greedy)
+    _draw_top_k = numba.njit(cache=True)(_draw_top_k)
+    _top_p_threshold = numba.njit(cache=True)(_top_p_threshold)
+    _draw_dense = numba.njit(cache=True)(_draw_dense)
     _draw_row = numba.njit(cache=True)(_draw_row)
     _draw_rows_serial = numba.njit(cache=True)(_draw_rows_serial)
     _draw_rows = numba.njit(parallel=True, cache=True)(_draw_rows)
 
 
 def warm_up() -> None:
-    """Compile (or load from the disk cache) both row loops now, through `draw_candidate_rows` so the
-    argument types are the ones a step passes: the first steps then pay no compilation (seconds)."""
-    for rows in (1, PARALLEL_ROWS):
-        batch = build_batch([SamplingParams(top_k=1)] * rows, 4 * BLOCK, None, 0)
-        draw_candidate_rows(torch.zeros(rows, 4 * BLOCK), batch, list(range(rows)),
-                            torch.empty(rows, dtype=torch.int64), torch.empty(rows))
+    """Compile (or load from the disk cache) both row loops now, through `draw_rows` with the argument
+    types a step passes: the first steps then pay no compilation (seconds)."""
+    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, top_p=0.5), SamplingParams(top_p=0.5)]
+    for rows in (1, PARALLEL_WORK):
+        batch = build_batch([params[b % len(params)] for b in range(rows)], 4 * GROUP, None, 0)
+        draw_rows(torch.zeros(rows, 4 * GROUP), batch, torch.empty(rows, dtype=torch.int64), torch.empty(rows))
 
 
-def draw_candidate_rows(x: torch.Tensor, batch: SamplingBatch, rows: list[int], tokens: torch.Tensor,
-                        row_max: torch.Tensor) -> None:
-    """Draw the greedy and top-k `rows` of x [B, V] float32 (contiguous, CPU, penalties applied)
-    into tokens [B] int64 and row_max [B] float32, in place. A top-k row whose k-th value is tied past
-    its candidates widens them in the kernel (every token >= the k-th value is kept)."""
-    every = len(rows) == batch.size  # the common case: no per-row gathers
-    index = torch.tensor(rows, dtype=torch.int64)
-    pick = (lambda t: t) if every else (lambda t: t[index])
-    greedy = np.array([batch.greedy[r] for r in rows])
-    top_k = np.array([batch.top_k_list[r] if not batch.greedy[r] else 1 for r in rows], dtype=np.int64)
-    draw = _draw_rows if len(rows) >= PARALLEL_ROWS else _draw_rows_serial
-    draw(x.numpy(), index.numpy(), greedy, top_k, pick(batch.temperature).numpy(), pick(batch.top_p).numpy(),
-         torch.log(pick(batch.min_p)).numpy(), pick(batch.keys).numpy(), tokens.numpy(), row_max.numpy())
+def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+    """Draw every row of x [B, V] float32 (contiguous, CPU, penalties applied) into tokens [B] int64
+    and row_max [B] float32 (NaN for rows holding NaN, whose token is -1), in place. Rows at +inf and
+    all--inf rows get token 0 here (the caller resolves them)."""
+    size = batch.size
+    kind = np.array([GREEDY if batch.greedy[r] else TOP_K if batch.top_k_list[r] > 0 else DENSE
+                     for r in range(size)], dtype=np.int64)
+    work = size + (DENSE_WEIGHT - 1) * int((kind == DENSE).sum())
+    draw = _draw_rows if work >= PARALLEL_WORK and size > 1 else _draw_rows_serial
+    draw(x.numpy(), group_max(x).numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(),
+         (1.0 / batch.temperature).numpy(), batch.top_p.numpy(), torch.log(batch.min_p).numpy(), batch.keys.numpy(),
+         tokens.numpy(), row_max.numpy())

@@ -222,8 +222,8 @@ class CudaGraphSampler:
 def make_sampler(vocab_size: int, max_batch_size: int, device: str | torch.device = "cpu",
                  max_top_k: int = 64) -> ZeroCheckSampler | CudaGraphSampler:
     """The runner for this process, chosen once: CUDA graphs on a CUDA device (every bucket captured
-    now); on CPU the compiled kernel for greedy and top-k rows when numba is installed
-    (benchmarks/sampler.py: 2-3x faster than eager torch), eager torch otherwise."""
+    now); on CPU the compiled kernel for every row when numba is installed (benchmarks/sampler.py),
+    eager torch otherwise."""
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():

@@ -37,21 +37,27 @@ def _key_words(lo, hi, step):
     return a, _mix32(a ^ _mix32((step >> 32) ^ 0x5BD1E995 ^ hi))
 
 
-SMALL_BATCH = 8  # up to this many rows, Python ints beat numpy's per-call cost
+SMALL_BATCH = 8  # up to this many seeded rows, Python ints beat numpy's per-call cost
+
+
+def _fresh_words(rows: int) -> np.ndarray:
+    """[rows, 2] int64: fresh random 32-bit words, drawn as one big integer."""
+    raw = _fresh.getrandbits(64 * rows).to_bytes(8 * rows, "little")
+    return np.frombuffer(raw, dtype=np.uint32).astype(np.int64).reshape(rows, 2)
 
 
 def row_keys(seeds: Sequence[int | None], steps: Sequence[int]) -> np.ndarray:
     """[R, 2] int64: two 32-bit words per row that identify its noise stream at its decode step,
-    computed for all rows at once; unseeded rows get fresh random words."""
-    if len(seeds) <= SMALL_BATCH:
-        words = [_key_words(seed & _M32, seed >> 32, int(step)) if seed is not None
-                 else (_fresh.getrandbits(32), _fresh.getrandbits(32)) for seed, step in zip(seeds, steps)]
-        return np.array(words, dtype=np.int64).reshape(-1, 2)
-    seeded = np.array([0 if seed is None else seed for seed in seeds], dtype=np.uint64)
-    lo, hi = (seeded & np.uint64(_M32)).astype(np.int64), (seeded >> np.uint64(32)).astype(np.int64)
-    keys = np.stack(_key_words(lo, hi, np.asarray(steps, dtype=np.int64).reshape(-1)), axis=1)
-    for row in (i for i, seed in enumerate(seeds) if seed is None):
-        keys[row] = _fresh.getrandbits(32), _fresh.getrandbits(32)
+    computed for all seeded rows at once; unseeded rows get fresh random words."""
+    keys = _fresh_words(len(seeds))
+    seeded = [i for i, seed in enumerate(seeds) if seed is not None]
+    if len(seeded) <= SMALL_BATCH:
+        for i in seeded:
+            keys[i] = _key_words(seeds[i] & _M32, seeds[i] >> 32, int(steps[i]))
+        return keys
+    values = np.array([seeds[i] for i in seeded], dtype=np.uint64)
+    lo, hi = (values & np.uint64(_M32)).astype(np.int64), (values >> np.uint64(32)).astype(np.int64)
+    keys[seeded] = np.stack(_key_words(lo, hi, np.asarray(steps, dtype=np.int64).reshape(-1)[seeded]), axis=1)
     return keys
 
 

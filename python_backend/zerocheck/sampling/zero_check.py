@@ -80,8 +80,8 @@ def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> Sa
 
 class ZeroCheckSampler:
     """Orchestration of the zero-check sampler (see the module docstring); its only state is a
-    per-thread workspace of scratch tensors. With `compiled=True` (and numba installed), greedy and
-    top-k rows on CPU run in the compiled kernel of `cpu_kernel` instead of eager torch ops."""
+    per-thread workspace of scratch tensors. With `compiled=True` (and numba installed), rows on CPU
+    run in the compiled kernel of `cpu_kernel` instead of eager torch ops."""
 
     def __init__(self, compiled: bool = False) -> None:
         self._workspace = Workspace()
@@ -112,12 +112,12 @@ class ZeroCheckSampler:
         size = batch.size
         tokens = torch.empty(size, dtype=torch.int64, device=x.device)
         row_max = torch.empty(size, dtype=torch.float32, device=x.device)
+        if self.compiled and x.device.type == "cpu":
+            cpu_kernel.draw_rows(x, batch, tokens, row_max)
+            return tokens, row_max
         greedy = [b for b in range(size) if batch.greedy[b]]
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
-        if self.compiled and x.device.type == "cpu" and (greedy or top_k):
-            cpu_kernel.draw_candidate_rows(x, batch, sorted(greedy + top_k), tokens, row_max)
-            greedy, top_k = [], []
         if greedy:
             rows = _rows(x, greedy)
             values, ids = rows.max(-1)

@@ -91,6 +91,10 @@ def prepare_backend_dir(binary: Path) -> Path | None:
     return target
 
 
+# OpenMP settings of the server's processes (see `server_environment`); benchmarks of in-server code use them too
+THREAD_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
+
+
 def server_environment(binary: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for `binary`: the wheel's `nvidia_pytriton.libs` on LD_LIBRARY_PATH (the copied stub
     needs its libcudart), this interpreter's `bin` first on PATH (so the stub's Python uses this venv),
@@ -101,8 +105,8 @@ def server_environment(binary: Path, base: dict[str, str] | None = None) -> dict
     follow each other within microseconds, and waking a sleeping thread for each of them doubled the
     packed bf16 decoder's step (58.8 vs 30.3 ms at batch 1)."""
     env = dict(os.environ if base is None else base)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.setdefault("GOMP_SPINCOUNT", "10000")
+    for name, value in THREAD_ENVIRONMENT.items():
+        env.setdefault(name, value)
     wheel = wheel_root_of(binary)
     if wheel is not None:
         libs = wheel.parents[1] / "nvidia_pytriton.libs"
