@@ -126,8 +126,12 @@ class PackedTransformer:
             k = apply_rotary(k.view(b, t, kv_heads, head_dim).transpose(1, 2), cos, sin)
             v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
             layer_keys, layer_values = keys[i], values[i]
-            layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
-            layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
+            if t == 1:  # decode: every row writes its one token
+                layer_keys[write_slots, :, write_positions] = k.squeeze(2)
+                layer_values[write_slots, :, write_positions] = v.squeeze(2)
+            else:
+                layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
+                layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
             if in_window:
                 past_keys, past_values = (cache[low : low + window, :, :span] for cache in (layer_keys, layer_values))
             else:
@@ -138,7 +142,8 @@ class PackedTransformer:
             grouped = q.reshape(b, kv_heads, groups * t, head_dim)
             if in_window:
                 grouped = grouped.new_zeros(rows, *grouped.shape[1:]).index_copy_(0, place, grouped)
-            scores = torch.matmul(grouped, past_keys.transpose(-1, -2)).to(torch.float32)
+            # keys as the left operand, read in place (as the right one, transposed, matmul copied them per layer)
+            scores = torch.matmul(past_keys, grouped.transpose(-1, -2)).transpose(-1, -2).to(torch.float32)
             weights = torch.softmax(scores.view(rows, kv_heads, groups, t, span).mul_(scale).add_(bias), dim=-1)
             attended = torch.matmul(weights.to(torch.bfloat16).view(rows, kv_heads, groups * t, span), past_values)
             if in_window:
