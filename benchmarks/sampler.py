@@ -8,7 +8,7 @@ vs a memory-bound floor.
 For every (V, B, logits kind, parameter mix) it times one call of `checked_sample`,
 `zero_check_sample` (eager torch), the runner the server uses (`make_sampler`: the compiled CPU
 kernel on CPU, CUDA graphs on GPU) and the floor `logits.amax(dim=-1)` (one read of the logits),
-interleaved round-robin so machine noise hits all alike (under the server's OpenMP settings), and prints the medians and the ratios
+each call on logits just written (as a decoder step leaves them), interleaved round-robin so machine noise hits all alike (under the server's OpenMP settings), and prints the medians and the ratios
 checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case).
 No assertion on timings: the ratios are the result.
 """
@@ -37,7 +37,7 @@ from zerocheck.sampling.cuda_graph import make_sampler  # noqa: E402
 
 HISTORY_TOKENS = 256
 BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every third round only
-FLOOR_CALLS = 5  # the floor is cheap and noisy: several timed calls per round
+FLOOR_CALLS = 3  # the floor is cheap and noisy: several timed calls per round
 
 MIXES: dict[str, tuple[SamplingParams, bool]] = {  # name -> (params of every row, needs a history)
     "greedy": (SamplingParams(temperature=0.0), False),
@@ -67,8 +67,9 @@ LOGITS: dict[str, Callable[[int, int, torch.Generator], torch.Tensor]] = {
     "gauss": gaussian_logits, "zipf": zipf_logits}
 
 
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds for one call, synchronising around it on CUDA."""
+def timed(fn: Callable[[], object], device: torch.device, fresh: Callable[[], object]) -> float:
+    """Seconds for one call right after `fresh()` (untimed), synchronising around it on CUDA."""
+    fresh()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -80,8 +81,12 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 def bench_case(logits: torch.Tensor, params: list[SamplingParams], history: list[list[int]] | None,
                repeats: int, device: torch.device, runner, thin_checked: bool = True) -> dict[str, float]:
-    """Median seconds per call of each contender, calls interleaved round-robin. thin_checked:
-    on big calls, time the slow checked chain every third round only."""
+    """Median seconds per call of each contender, calls interleaved round-robin. Before every timed call
+    the logits are written anew from a copy (untimed), as a decoder step writes them before the sampler
+    reads them: every contender, the floor included, starts from the same cache and thread state.
+    thin_checked: on big calls, time the slow checked chain every third round only."""
+    source = logits.clone()
+    fresh = lambda: logits.copy_(source)  # noqa: E731
     calls = {
         "floor": lambda: logits.amax(dim=-1),
         "zero_check": lambda: zero_check_sample(logits, params, history),
@@ -98,7 +103,7 @@ def bench_case(logits: torch.Tensor, params: list[SamplingParams], history: list
             if name == "checked" and big and r % 3:
                 continue  # every third round only for the slow chain on big calls
             for _ in range(FLOOR_CALLS if name == "floor" else 1):
-                times[name].append(timed(fn, device))
+                times[name].append(timed(fn, device, fresh))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -11,7 +11,8 @@ the per-row work, so no row is sorted and only dense rows exponentiate every tok
 - dense rows (no top-k): y = (x - max) / T and w = exp(y) a group at a time (a vectorised exp, within
   2 ulp of float32's), the group masses, for top-p the mass histogram and exact crossing token of
   `ops.dense_top_p_threshold`, min-p, then the two-stage race of `ops.race_draw_dense` (groups by
-  their mass, then the members of the winning group).
+  their mass, then the members of the winning group). With temperature alone, only the groups that
+  bounds from their maxima leave in contention are summed (the race's winner is the same).
 The noise is `noise.exponential_noise`'s, keyed by the same (row key, counter), so a row gets the
 token the eager torch path gives (up to float32 rounding of exp and of the order of the sums).
 
@@ -30,10 +31,10 @@ from .batch import SamplingBatch, build_batch
 from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, group_max
 from .params import SamplingParams
 
-# rows spread over threads from this much work on (top-k/greedy rows; a dense row weighs DENSE_WEIGHT):
-# waking the threads costs ~0.1 ms (measured on 2 cores at V = 32000 and 128256)
-PARALLEL_WORK = 12
-DENSE_WEIGHT = 8
+# rows are spread over threads when at least this many are dense top-p rows (~0.25 ms each at V = 128256);
+# lighter batches run in the calling thread: waking numba's threads after torch's group-max pass cost
+# more than it saved for 32 greedy, top-k or temperature rows (measured on 2 cores)
+PARALLEL_TOP_P_ROWS = 2
 GREEDY, TOP_K, DENSE = 0, 1, 2
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B
@@ -44,6 +45,8 @@ _LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for |k| < 2
 _LN2_LO = _F(-2.12194440e-4)
 _EXP_FLOOR = _F(-87.0)  # exp(y) below this is taken as 0 (float32's normal range ends at -87.3)
 _BUCKET_SCALE = _F(-HIST_BUCKETS / HIST_RANGE)
+# relative slack on a group's mass bounds: the exp's error (3e-7) plus float32 rounding of GROUP terms (8e-6)
+MASS_BOUND = 1e-4
 
 try:
     import numba
@@ -77,9 +80,10 @@ def _bucket(y):
     return np.int32(min(max(y * _BUCKET_SCALE, _F(0.0)), _F(HIST_BUCKETS - 1)))
 
 
-def _group_masses(row, gmax, top, inv_t, lower, mass, hist):
+def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only):
     """mass[g] = the float32 sum of w = exp(y) over group g's tokens with y >= lower, y = (row - top) *
-    inv_t (w = 0 below _EXP_FLOOR); groups whose maximum is below lower are skipped. With a histogram
+    inv_t (w = 0 below _EXP_FLOOR); groups whose maximum is below lower, and when `only` (bool per
+    group) is not empty the groups it leaves out, get 0 without a pass over their tokens. With a histogram
     (hist.shape[0] == HIST_BUCKETS) the same pass adds each w to hist[y's bucket] for top-p.
     exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial and 2**k written as
     float32 bits (within 2 ulp of float32's exp); the loops vectorise (compiled with reassociation and
@@ -91,7 +95,7 @@ def _group_masses(row, gmax, top, inv_t, lower, mass, hist):
     buckets = np.empty(GROUP, np.int32)
     histogram = hist.shape[0] == HIST_BUCKETS
     for g in range(mass.shape[0]):
-        if (gmax[g] - top) * inv_t < lower:
+        if (gmax[g] - top) * inv_t < lower or (only.shape[0] and not only[g]):
             mass[g] = _F(0.0)
             continue
         start = g * GROUP
@@ -114,6 +118,25 @@ def _group_masses(row, gmax, top, inv_t, lower, mass, hist):
                 buckets[i] = _bucket((row[start + i] - top) * inv_t)
             for i in range(n):
                 hist[buckets[i]] += w[i]
+
+
+def _contending_groups(gmax, top, inv_t, vocab, key0, key1):
+    """The groups that can win a race over unmasked groups (bool per group), from bounds alone: a group's
+    mass M lies in [w, n * w] (w = exp(its maximum's y), n its tokens; widened by MASS_BOUND for float32
+    rounding), so its score E / M lies in [E / (n w), E / w]; a group whose lowest score is above the
+    smallest highest score cannot have the smallest score. Groups with no weight (y of the maximum at or
+    below _EXP_FLOOR) never contend."""
+    groups = gmax.shape[0]
+    lowest = np.full(groups, np.inf)
+    least_highest = np.inf
+    for g in range(groups):
+        y = (gmax[g] - top) * inv_t
+        if y > _EXP_FLOOR:
+            noise = _exp_noise(key0, key1, g + GROUP_SALT)
+            w = math.exp(np.float64(y))
+            least_highest = min(least_highest, noise / (w * (1.0 - MASS_BOUND)))
+            lowest[g] = noise / (min(GROUP, vocab - g * GROUP) * w * (1.0 + MASS_BOUND))
+    return lowest <= least_highest
 
 
 def _largest(values, count):
@@ -245,14 +268,18 @@ def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1):
     vocab = row.shape[0]
     groups = gmax.shape[0]
     mass = np.empty(groups, np.float32)
+    every = np.empty(0, np.bool_)
     lower = _F(-np.inf)
     if top_p < 1.0:
         hist = np.zeros(HIST_BUCKETS, np.float32)
-        _group_masses(row, gmax, top, inv_t, lower, mass, hist)
+        _group_masses(row, gmax, top, inv_t, lower, mass, hist, every)
         lower = _top_p_threshold(row, gmax, top, inv_t, top_p, hist)
     lower = max(lower, min_p_log)
-    if lower > -np.inf or top_p >= 1.0:
-        _group_masses(row, gmax, top, inv_t, lower, mass, np.empty(0, np.float32))
+    if lower > -np.inf:
+        _group_masses(row, gmax, top, inv_t, lower, mass, np.empty(0, np.float32), every)
+    elif top_p >= 1.0:  # temperature only: the masses of the groups that can still win
+        _group_masses(row, gmax, top, inv_t, lower, mass, np.empty(0, np.float32),
+                      _contending_groups(gmax, top, inv_t, vocab, key0, key1))
     best, winner = np.inf, 0
     for g in range(groups):
         if mass[g] > 0.0:
@@ -312,6 +339,7 @@ if numba is not None:
     _exp_noise = numba.njit(inline="always", cache=True)(_exp_noise)
     _group_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_group_masses)
     _bucket = numba.njit(inline="always", cache=True)(_bucket)
+    _contending_groups = numba.njit(cache=True)(_contending_groups)
     _largest = numba.njit(cache=True)(_largest)
     _candidates = numba.njit(cache=True)(_candidates)
     _draw_greedy = numba.njit(cache=True)(_draw_greedy)
@@ -327,7 +355,7 @@ def warm_up() -> None:
     """Compile (or load from the disk cache) both row loops now, through `draw_rows` with the argument
     types a step passes: the first steps then pay no compilation (seconds)."""
     params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, top_p=0.5), SamplingParams(top_p=0.5)]
-    for rows in (1, PARALLEL_WORK):
+    for rows in (1, 3 * PARALLEL_TOP_P_ROWS):
         batch = build_batch([params[b % len(params)] for b in range(rows)], 4 * GROUP, None, 0)
         draw_rows(torch.zeros(rows, 4 * GROUP), batch, torch.empty(rows, dtype=torch.int64), torch.empty(rows))
 
@@ -339,8 +367,9 @@ def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_m
     size = batch.size
     kind = np.array([GREEDY if batch.greedy[r] else TOP_K if batch.top_k_list[r] > 0 else DENSE
                      for r in range(size)], dtype=np.int64)
-    work = size + (DENSE_WEIGHT - 1) * int((kind == DENSE).sum())
-    draw = _draw_rows if work >= PARALLEL_WORK and size > 1 else _draw_rows_serial
-    draw(x.numpy(), group_max(x).numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(),
-         (1.0 / batch.temperature).numpy(), batch.top_p.numpy(), torch.log(batch.min_p).numpy(), batch.keys.numpy(),
-         tokens.numpy(), row_max.numpy())
+    top_p = batch.top_p.numpy()
+    draw = _draw_rows if int(((kind == DENSE) & (top_p < 1.0)).sum()) >= PARALLEL_TOP_P_ROWS else _draw_rows_serial
+    maxima = group_max(x).numpy()
+    inv_temperature, min_p_log = (1.0 / batch.temperature).numpy(), torch.log(batch.min_p).numpy()
+    draw(x.numpy(), maxima, kind, batch.top_k.numpy(), batch.temperature.numpy(), inv_temperature, top_p, min_p_log,
+         batch.keys.numpy(), tokens.numpy(), row_max.numpy())
