@@ -25,11 +25,11 @@ from typing import Callable
 import torch
 
 from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
-from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags
+from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags, variant_options
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
-VARIANTS = ["torch:fp32", "torch:bf16", "onnxruntime:fp32", "onnxruntime:int8"]
+VARIANTS = ["torch:fp32", "torch:bf16", "torch:bf16+int4", "onnxruntime:fp32", "onnxruntime:int8"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:
@@ -57,8 +57,7 @@ def decode_step_ms(engine: DecoderEngine, batch: int, steps: int) -> tuple[float
 
 
 def measure_backend(artifacts: Path, variant: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
-    backend, dtype = variant.split(":")
-    engine = load_decoder(artifacts, backend=backend, max_slots=max(batches), num_threads=threads, dtype=dtype)
+    engine = load_decoder(artifacts, max_slots=max(batches), num_threads=threads, **variant_options(variant))
     return {batch: decode_step_ms(engine, batch, steps)[0] for batch in batches}
 
 
@@ -125,7 +124,7 @@ def main() -> None:
         return
     bf16 = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
     int8 = (args.artifacts / ONNX_INT8_FILE).is_file()
-    variants = [v for v in args.variants if (bf16 or not v.endswith("bf16")) and (int8 or not v.endswith("int8"))]
+    variants = [v for v in args.variants if (bf16 or "bf16" not in v) and (int8 or not v.endswith("int8"))]
     results = backend_table(args.artifacts, variants, args.batches, args.steps, args.threads, args.rounds)
     totals = {variant: sum(results[variant, batch] for batch in args.batches) for variant in variants}
     fastest = min(totals, key=totals.get)

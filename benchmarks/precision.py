@@ -1,7 +1,7 @@
-"""Reduced precision (bf16, int8 weights) against fp32 on the served model: greedy top-1 agreement
+"""Reduced precision (bf16, bf16 with int4 weights in one-row steps, int8 weights) against fp32 on the served model: greedy top-1 agreement
 over 20 prompts x 64 tokens.
 
-    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants torch:bf16 onnxruntime:int8]
+    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants torch:bf16+int4 onnxruntime:int8]
 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from zerocheck.decoder import StepRequest, load_decoder
+from zerocheck.decoder.engine import variant_options
 from zerocheck.tokenizer import load_tokenizer
 from zerocheck.tokenizer.chat import Message
 
@@ -74,7 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--variants", nargs="+", default=["torch:bf16", "onnxruntime:int8"])
+    parser.add_argument("--variants", nargs="+", default=["torch:bf16", "torch:bf16+int4", "onnxruntime:int8"],
+                        help="backend:dtype, +int4 for int4 weights in one-row steps (all steps here are one row)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "precision.json")
     args = parser.parse_args()
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
@@ -82,9 +84,8 @@ def main() -> None:
     references = [greedy(reference, prompt, args.tokens) for prompt in all_prompts]  # once for every variant
     results = {}
     for variant in args.variants:
-        backend, dtype = variant.split(":")
         print(f"{variant} vs torch:fp32")
-        result = compare(references, load_decoder(args.artifacts, backend=backend, dtype=dtype, max_slots=1),
+        result = compare(references, load_decoder(args.artifacts, max_slots=1, **variant_options(variant)),
                          all_prompts, args.tokens)
         agree = result["top1_agreement"]
         print(f"{variant} vs fp32: top-1 agrees at {agree:.1%} of {len(all_prompts) * args.tokens} positions; "

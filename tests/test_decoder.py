@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, load_decoder, load_transformer
-from zerocheck.decoder.engine import choose_backend, choose_dtype
+from zerocheck.decoder.engine import choose_backend, choose_dtype, variant_options
 from zerocheck.tokenizer import stdlib_corpus_files, train_bpe_tokenizer
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -150,6 +150,21 @@ def test_bad_dtype_requests_are_clear_errors() -> None:
         choose_dtype("bf16", "onnxruntime", {"amx_bf16"})
     with pytest.raises(ValueError, match="dtype int8 needs backend onnxruntime, got torch"):
         choose_dtype("int8", "torch", {"amx_int8"})
+
+
+@pytest.mark.parametrize("variant, options", [
+    ("torch:bf16", {"backend": "torch", "dtype": "bf16", "int4_single_row": False}),
+    ("torch:bf16+int4", {"backend": "torch", "dtype": "bf16", "int4_single_row": True}),
+    ("onnxruntime:fp32", {"backend": "onnxruntime", "dtype": "fp32", "int4_single_row": False}),
+])
+def test_benchmark_variants_name_load_options(variant: str, options: dict) -> None:
+    assert variant_options(variant) == options
+
+
+@pytest.mark.parametrize("variant", ["torch", "torch:bf16+int8", "torch:+int4"])
+def test_bad_benchmark_variants_are_refused(variant: str) -> None:
+    with pytest.raises(ValueError, match="backend:dtype"):
+        variant_options(variant)
 
 
 def test_int8_needs_its_build(artifacts: Path) -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, load_decoder
-from zerocheck.decoder.packed import PackedTransformer, packing_available
+from zerocheck.decoder.packed import INT4_GROUP, PackedTransformer, _linear_int4, _pack_int4, int4_supported, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN bf16 on this CPU / torch")
 
@@ -93,3 +93,48 @@ def test_the_engine_packs_bf16_on_this_cpu_and_decodes_as_the_module(tmp_path) -
             ids.append(int(step.logits[0].argmax()))
         greedy[name] = ids
     assert greedy["packed"] == greedy["fp32"]  # deterministic: the tiny model's top-1 margins outlast bf16
+
+
+def test_int4_codes_give_back_q4_1_weights() -> None:
+    """Weights made as GGUF Q4_1 makes them (blocks of 32 inputs, w = q d + m, q 0..15 spanning the block) come
+    back from the packed int4 GEMM with their own codes: the error is the bf16 rounding of d and m only."""
+    if not int4_supported(tiny_model("llama").config):
+        pytest.skip("no CPU int4 GEMM in this torch")
+    generator = torch.Generator().manual_seed(2)
+    rows, inputs = 48, 4 * INT4_GROUP
+    codes = torch.randint(0, 16, (rows, inputs // INT4_GROUP, INT4_GROUP), generator=generator)
+    codes[..., 0], codes[..., 1] = 0, 15  # every block spans its range, as Q4_1's min/max make it
+    step = torch.rand(rows, inputs // INT4_GROUP, 1, generator=generator) * 0.01 + 0.001
+    low = torch.randn(rows, inputs // INT4_GROUP, 1, generator=generator) * 0.05
+    weight = (codes * step + low).reshape(rows, inputs)
+    dequantised = _linear_int4(torch.eye(inputs, dtype=torch.bfloat16), _pack_int4(weight)).float().t()
+    slack = (16 * step + low.abs()).expand(-1, -1, INT4_GROUP).reshape(rows, inputs) * 2**-7  # bf16 d and m
+    assert bool(((dequantised - weight).abs() <= slack).all())
+
+
+def test_int4_serves_one_row_steps_only() -> None:
+    """With int4_single_row a one-row, one-token step runs on the int4 weights (close to the bf16 step, same
+    top-1 on this model); any wider step is the bf16 step itself."""
+    model = tiny_model("llama")
+    if not int4_supported(model.config):
+        pytest.skip("no CPU int4 GEMM in this torch")
+    config = model.config
+    plain, int4 = PackedTransformer(model), PackedTransformer(model, int4_single_row=True)
+    generator = torch.Generator().manual_seed(3)
+    shape = (config.num_layers, 4, config.num_kv_heads, 16, config.head_dim)
+    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
+    wide = (torch.randint(0, config.vocab_size, (2, 3), generator=generator), torch.tensor([3, 2]),
+            torch.tensor([4, 1]), torch.tensor([0, 1]))
+    assert torch.equal(plain.step(*wide, *(c.clone() for c in pool)), int4.step(*wide, *(c.clone() for c in pool)))
+    single = (torch.tensor([[7]]), torch.tensor([1]), torch.tensor([5]), torch.tensor([2]))
+    bf16_logits = plain.step(*single, *(c.clone() for c in pool))
+    int4_logits = int4.step(*single, *(c.clone() for c in pool))
+    assert not torch.equal(bf16_logits, int4_logits)  # the int4 weights did run
+    assert (int4_logits - bf16_logits).abs().max() < 0.25 * bf16_logits.std()
+    assert torch.equal(int4_logits.argmax(-1), bf16_logits.argmax(-1))
+
+
+def test_int4_single_row_is_refused_where_the_widths_do_not_divide() -> None:
+    model = Transformer(DecoderConfig.from_hf_dict({**TINY, "model_type": "llama", "intermediate_size": 200}))
+    with pytest.raises(ValueError, match="multiples of 32"):
+        PackedTransformer(model.to(torch.bfloat16), int4_single_row=True)

@@ -43,7 +43,8 @@ class TritonPythonModel:
         engine = load_decoder(config.artifacts_dir(), backend=params.backend, max_slots=params.max_slots,
                               max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
                               num_threads=params.num_threads or None, fail_token=params.test_fail_token,
-                              dtype=params.dtype, device=config.instance_device(params.device))
+                              dtype=params.dtype, device=config.instance_device(params.device),
+                              int4_single_row=params.int4_single_row)
         self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device))
         self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}

@@ -17,7 +17,7 @@ from zerocheck.decoder.backends import StepFunction, onnxruntime_step, torch_ste
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
-from zerocheck.decoder.packed import PackedTransformer, packing_available
+from zerocheck.decoder.packed import PackedTransformer, int4_supported, packing_available
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
@@ -256,6 +256,16 @@ def _manifest_max_seq_len(artifacts_dir: Path) -> int | None:
     return json.loads(manifest.read_text()).get("options", {}).get("max_seq_len")
 
 
+def variant_options(variant: str) -> dict[str, object]:
+    """`load_decoder` keyword arguments for a benchmark variant "backend:dtype", "+int4" after the dtype for
+    `int4_single_row` (e.g. "torch:bf16+int4")."""
+    backend, _, dtype = variant.partition(":")
+    base, plus, extra = dtype.partition("+")
+    if not base or (plus and extra != "int4"):
+        raise ValueError(f"variant must be backend:dtype[+int4], got {variant!r}")
+    return {"backend": backend, "dtype": base, "int4_single_row": bool(plus)}
+
+
 def load_decoder(
     artifacts_dir: str | Path,
     backend: str = DEFAULT_BACKEND,
@@ -266,13 +276,16 @@ def load_decoder(
     fail_token: int = -1,
     dtype: str = "auto",
     device: str = "cpu",
+    int4_single_row: bool = False,
 ) -> DecoderEngine:
     """Load the decoder built by build_engines.py; the backend (`choose_backend`), the device (`choose_device`)
     and the dtype of weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache
     and the logits live on that device.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
-    max_position_embeddings. Prints the KV pool size. fail_token >= 0 (test-only) makes every forward
+    max_position_embeddings. int4_single_row: on the packed bf16 CPU path, steps of one row and one token use
+    int4 copies of the layers' weights (`PackedTransformer`); elsewhere it is not used (printed). Prints the
+    KV pool size. fail_token >= 0 (test-only) makes every forward
     whose tokens hold that id raise InjectedFault.
     """
     root = Path(artifacts_dir)
@@ -287,8 +300,12 @@ def load_decoder(
             torch.set_num_threads(num_threads)
         model = load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device)
         if device == "cpu" and dtype == "bf16" and packing:
-            step_fn = PackedTransformer(model)
-            kernels = "packed oneDNN bf16 weights"
+            int4 = int4_single_row and int4_supported(config)
+            if int4_single_row and not int4:
+                print("decoder: int4_single_row asked for, but this torch has no CPU int4 GEMM or the model's "
+                      "layer widths are not multiples of 32: one-row steps use the bf16 weights")
+            step_fn = PackedTransformer(model, int4_single_row=int4)
+            kernels = "packed oneDNN bf16 weights" + (", int4 weights for one-row steps" if int4 else "")
         else:
             if device == "cpu" and dtype == "bf16":
                 print("decoder: this torch cannot pack bf16 weights for oneDNN; running the module's forward (slower)")
@@ -301,6 +318,8 @@ def load_decoder(
             raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
         kernels = onnx_path.name
+    if int4_single_row and not (backend == "torch" and device == "cpu" and dtype == "bf16" and packing):
+        print(f"decoder: int4_single_row is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
     max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
     if config.sliding_window is not None and max_seq_len > config.sliding_window:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "

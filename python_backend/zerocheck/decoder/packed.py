@@ -10,7 +10,12 @@ step). Here:
   and attention reads the slots as a view (the gather of every row's past into a batch copy was 24 % of
   the served decoder's time at 32 streams); one additive float32 attention bias per step serves all
   layers; attention stays the module's grouped-query matmuls (its fp32 softmax), faster at decode than
-  the fused SDPA kernel (0.17 vs 1.8 ms a layer at 32 rows).
+  the fused SDPA kernel (0.17 vs 1.8 ms a layer at 32 rows);
+- optionally (`int4_single_row`), steps of one row and one token use int4 copies of the layers' weights
+  (groups of INT4_GROUP inputs, torch's `_weight_int4pack_mm_for_cpu`): such a step reads its weights from
+  memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
+  bf16 GEMMs are faster (the int4 kernel is compute-bound), so batches keep bf16. GGUF Q4_1 weights (blocks
+  of 32 inputs, w = q d + m) come back with their own q; the loss is bf16 rounding of scale and zero.
 Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16.
 `step` takes the pool's caches and the rows' slots instead of `Transformer.forward`'s gathered caches.
 """
@@ -21,9 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import Transformer, apply_rotary, rotary_cos_sin
 
 _MKLDNN = torch.ops.mkldnn
+INT4_GROUP = 32  # inputs per int4 scale and zero (GGUF Q4_0/Q4_1 blocks are 32)
 
 
 def packing_available() -> bool:
@@ -37,6 +44,39 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
 
 def _linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return _MKLDNN._linear_pointwise(x, packed, None, "none", [], "")
+
+
+@dataclass(frozen=True)
+class _Int4:
+    packed: torch.Tensor  # `_convert_weight_to_int4pack_for_cpu` of the [N, K] codes 0..15
+    scales_and_zeros: torch.Tensor  # [K / INT4_GROUP, N, 2] bfloat16: w = (q - 8) * scale + zero
+
+
+def _pack_int4(weight: torch.Tensor) -> _Int4:
+    """Asymmetric min-max int4 codes per group of INT4_GROUP inputs of weight [N, K] (K a multiple of it)."""
+    rows, inputs = weight.shape
+    groups = weight.detach().to(torch.float32).reshape(rows, inputs // INT4_GROUP, INT4_GROUP)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = (high - low).clamp(min=torch.finfo(torch.float32).tiny) / 15
+    codes = torch.round((groups - low) / scale).clamp_(0, 15).to(torch.int32).reshape(rows, inputs)
+    zero = low + 8 * scale
+    return _Int4(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+                 torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
+
+
+def _linear_int4(x: torch.Tensor, weight: _Int4) -> torch.Tensor:
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), weight.packed, INT4_GROUP,
+                                                     weight.scales_and_zeros)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def int4_supported(config: DecoderConfig) -> bool:
+    """Whether `int4_single_row` can pack this model: the kernel exists and every layer input width (hidden,
+    intermediate, heads x head_dim) is a multiple of INT4_GROUP."""
+    aten = torch.ops.aten
+    kernel = hasattr(aten, "_weight_int4pack_mm_for_cpu") and hasattr(aten, "_convert_weight_to_int4pack_for_cpu")
+    widths = (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim)
+    return kernel and all(width % INT4_GROUP == 0 for width in widths)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,30 +94,39 @@ class _Layer:
     o: torch.Tensor
     gate_up: torch.Tensor  # packed [gate; up]
     down: torch.Tensor
+    int4: tuple[_Int4, _Int4, _Int4, _Int4] | None  # qkv, o, gate_up, down for one-row steps
 
 
 class PackedTransformer:
-    """`model`'s step with packed bf16 weights; `model` keeps only the embedding and rotary frequencies."""
+    """`model`'s step with packed bf16 weights (and int4 copies for one-row steps with `int4_single_row`);
+    `model` keeps only the embedding and rotary frequencies."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, int4_single_row: bool = False) -> None:
         if not packing_available():
             raise RuntimeError("PackedTransformer needs torch with oneDNN and a CPU with bf16 instructions")
         config = model.config
+        if int4_single_row and not int4_supported(config):
+            raise ValueError(f"int4 weights need torch's CPU int4 GEMM and layer widths that are multiples of "
+                             f"{INT4_GROUP} (hidden {config.hidden_size}, intermediate {config.intermediate_size})")
         self.config, self.eps, self.inv_freq = config, config.rms_norm_eps, model.inv_freq
         self.embedding = model.embed_tokens.weight.detach().to(torch.bfloat16)
         self.layers = []
         for layer in model.layers:
             attention, mlp = layer.self_attn, layer.mlp
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            qkv = torch.cat([p.weight for p in projections])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
             self.layers.append(_Layer(
                 input_norm=layer.input_layernorm.weight.detach().to(torch.bfloat16),
                 post_attention_norm=layer.post_attention_layernorm.weight.detach().to(torch.bfloat16),
-                qkv=_pack(torch.cat([p.weight for p in projections])),
+                qkv=_pack(qkv),
                 qkv_bias=torch.cat([p.bias for p in projections]).detach().to(torch.bfloat16)
                 if config.attention_bias else None,
                 o=_pack(attention.o_proj.weight),
-                gate_up=_pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                gate_up=_pack(gate_up),
                 down=_pack(mlp.down_proj.weight),
+                int4=tuple(_pack_int4(w) for w in (qkv, attention.o_proj.weight, gate_up, mlp.down_proj.weight))
+                if int4_single_row else None,
             ))
         self.norm = model.norm.weight.detach().to(torch.bfloat16)
         self.lm_head = _pack(model.lm_head.weight)
@@ -116,9 +165,15 @@ class PackedTransformer:
             bias = bias.new_zeros(rows, *bias.shape[1:]).index_copy_(0, place, bias)
         cos, sin = (angle.to(torch.bfloat16) for angle in rotary_cos_sin(positions, self.inv_freq))
         scale = head_dim**-0.5
+        single = b * t == 1
         x = F.embedding(tokens, self.embedding)
         for i, layer in enumerate(self.layers):
-            qkv = _linear(_rms_norm(x, layer.input_norm, self.eps), layer.qkv)
+            if single and layer.int4 is not None:
+                linear, (qkv_weight, o_weight, gate_up_weight, down_weight) = _linear_int4, layer.int4
+            else:
+                linear, qkv_weight, o_weight, gate_up_weight, down_weight = (
+                    _linear, layer.qkv, layer.o, layer.gate_up, layer.down)
+            qkv = linear(_rms_norm(x, layer.input_norm, self.eps), qkv_weight)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
             q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
@@ -149,9 +204,9 @@ class PackedTransformer:
             if in_window:
                 attended = attended[place]
             attended = attended.view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
-            x = x + _linear(attended, layer.o)
-            gate, up = _linear(_rms_norm(x, layer.post_attention_norm, self.eps), layer.gate_up).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.down)
+            x = x + linear(attended, o_weight)
+            gate, up = linear(_rms_norm(x, layer.post_attention_norm, self.eps), gate_up_weight).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, down_weight)
         index = (counts - 1).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
         last_hidden = torch.gather(x, 1, index).squeeze(1)
         return _linear(_rms_norm(last_hidden, self.norm, self.eps), self.lm_head).to(torch.float32)

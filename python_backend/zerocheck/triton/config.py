@@ -107,6 +107,7 @@ class DecoderParameters:
     backend: str
     dtype: str
     device: str
+    int4_single_row: bool
     max_slots: int
     max_seq_len: int  # 0: the build's
     idle_timeout_s: float
