@@ -5,8 +5,10 @@
 Every system generates `--tokens` tokens per stream (no early stop) with temperature 0.8, top-k 50,
 top-p 0.9 from the same chat prompts, at each stream count:
   zerocheck (served)   `zerocheck serve`'s repository as shipped (decoder backend and dtype chosen at
-                       load: onnxruntime fp32, the exact path), the zero-check path, all streams at
-                       once over gRPC
+                       load: torch with packed bf16 weights and int4 one-row steps on a CPU with bf16
+                       instructions), the zero-check path, all streams at once over gRPC
+  zerocheck (bf16, no int4)       the same with `int4_single_row: false`
+  zerocheck (onnxruntime fp32)    the same with the exact path (`backend: onnxruntime`, `dtype: fp32`)
   zerocheck (int8)     the same with the decoder's opt-in int8 weights (`build_engines.py --int8`)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
   transformers bf16    the same in bfloat16 (AMX / AVX512-BF16 on this CPU)
@@ -118,8 +120,9 @@ def measure(system: str, args: argparse.Namespace) -> dict:
 
 SYSTEMS = {
     "zerocheck (served)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
-    "zerocheck (torch bf16)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                        {"backend": "torch", "dtype": "bf16"}),
+    "zerocheck (bf16, no int4)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                           {"backend": "torch", "dtype": "bf16",
+                                                            "int4_single_row": "false"}),
     "zerocheck (onnxruntime fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
                                                               {"backend": "onnxruntime", "dtype": "fp32"}),
     "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
@@ -162,14 +165,20 @@ def main() -> int:
     if args.measure:
         print(json.dumps(SYSTEMS[args.measure](args)))
         return 0
+    from zerocheck.decoder.engine import ONNX_INT8_FILE
+
     results = {}
     for system in args.systems:
+        if system == "zerocheck (int8)" and not (args.artifacts / ONNX_INT8_FILE).is_file():
+            results[system] = {"error": "not built: python build_engines.py --int8"}
+            continue
         print(f"measuring {system} ...", flush=True)
         results[system] = measure(system, args)
-    print(f"\n{'tokens/s':<20}" + "".join(f"{f'{n} streams':>12}" for n in args.streams))
+    width = max(len(system) for system in results) + 2
+    print(f"\n{'tokens/s':<{width}}" + "".join(f"{f'{n} streams':>12}" for n in args.streams))
     for system, rates in results.items():
         cells = [f"{rates[n]['tokens_per_s']:12.1f}" if n in rates else f"{'-':>12}" for n in args.streams]
-        print(f"{system:<20}" + "".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
+        print(f"{system:<{width}}" + "".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
     served, top = results.get("zerocheck (served)", {}), max(args.streams)
     peer, llama = results.get("transformers fp32", {}), results.get("llama.cpp", {})
     ratios = {}
