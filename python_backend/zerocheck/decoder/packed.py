@@ -176,9 +176,10 @@ class PackedTransformer:
             qkv = linear(_rms_norm(x, layer.input_norm, self.eps), qkv_weight)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            q, k, v = qkv.split([q_width, kv_width, kv_width], dim=-1)
-            q = apply_rotary(q.view(b, t, heads, head_dim).transpose(1, 2), cos, sin)
-            k = apply_rotary(k.view(b, t, kv_heads, head_dim).transpose(1, 2), cos, sin)
+            # queries and keys rotated as one tensor of heads + kv_heads heads (half the ops of two calls)
+            qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+            qk = apply_rotary(qk.view(b, t, heads + kv_heads, head_dim).transpose(1, 2), cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
             v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
             layer_keys, layer_values = keys[i], values[i]
             if t == 1:  # decode: every row writes its one token
