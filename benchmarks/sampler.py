@@ -67,9 +67,10 @@ LOGITS: dict[str, Callable[[int, int, torch.Generator], torch.Tensor]] = {
     "gauss": gaussian_logits, "zipf": zipf_logits}
 
 
-def timed(fn: Callable[[], object], device: torch.device, fresh: Callable[[], object]) -> float:
-    """Seconds for one call right after `fresh()` (untimed), synchronising around it on CUDA."""
-    fresh()
+def timed(fn: Callable[[], object], device: torch.device, fresh: Callable[[], object] | None = None) -> float:
+    """Seconds for one call (right after `fresh()`, untimed, when given), synchronising around it on CUDA."""
+    if fresh is not None:
+        fresh()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
