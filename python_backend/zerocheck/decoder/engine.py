@@ -295,11 +295,12 @@ def load_decoder(
     backend = choose_backend(backend, dtype, device, cuda, packing and any(flag in flags for flag in BF16_CPU_FLAGS))
     device = choose_device(device, backend, cuda)
     dtype = choose_dtype(dtype, backend, flags, device)
+    packed = backend == "torch" and device == "cpu" and dtype == "bf16" and packing  # `PackedTransformer`
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
         model = load_transformer(model_dir, TORCH_DTYPES[dtype]).to(device)
-        if device == "cpu" and dtype == "bf16" and packing:
+        if packed:
             int4 = int4_single_row and int4_supported(config)
             if int4_single_row and not int4:
                 print("decoder: int4_single_row asked for, but this torch has no CPU int4 GEMM or the model's "
@@ -318,7 +319,7 @@ def load_decoder(
             raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
         kernels = onnx_path.name
-    if int4_single_row and not (backend == "torch" and device == "cpu" and dtype == "bf16" and packing):
+    if int4_single_row and not packed:
         print(f"decoder: int4_single_row is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
     max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
     if config.sliding_window is not None and max_seq_len > config.sliding_window:

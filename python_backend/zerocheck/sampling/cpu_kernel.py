@@ -176,16 +176,15 @@ def _candidates(row, gmax, low):
 
 
 def _draw_greedy(row, gmax):
-    """(token, max): the first token holding the row's largest value."""
+    """The first token holding the row's largest value (the first group with the largest maximum holds it)."""
     best = 0
     for g in range(1, gmax.shape[0]):
         if gmax[g] > gmax[best]:
             best = g
-    top = gmax[best]
-    for i in range(best * GROUP, min(row.shape[0], (best + 1) * GROUP)):
-        if row[i] == top:
-            return i, top
-    return best * GROUP, top  # all -inf
+    token = best * GROUP
+    while row[token] != gmax[best]:
+        token += 1
+    return token
 
 
 def _draw_top_k(row, gmax, k, t, top_p, min_p_log, key0, key1):
@@ -308,7 +307,7 @@ def _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_
         top = max(top, gm[g])
     row_max[r] = top
     if kind[r] == GREEDY:
-        tokens[r] = _draw_greedy(row, gm)[0]
+        tokens[r] = _draw_greedy(row, gm)
     elif kind[r] == TOP_K:
         tokens[r] = _draw_top_k(row, gm, top_k[r], temperature[r], top_p[r], min_p_log[r], keys[r, 0], keys[r, 1])
     elif math.isfinite(top):  # rows at +inf or all -inf are resolved by the caller
