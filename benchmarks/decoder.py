@@ -10,11 +10,13 @@ and V=128256 (when that artifact set is built), the share of decoder + sampler t
 Each variant (backend:dtype) is measured in its own subprocess, alternating for `--rounds` rounds,
 keeping the best median per cell: the runtimes' idle thread pools do not disturb each other, and a
 noisy neighbour on a shared CPU hits all alike. bf16 runs where the CPU has bf16 instructions.
+The subprocesses run under the server's OpenMP settings (`zerocheck.serve.binary.THREAD_ENVIRONMENT`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import torch
 
 from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
 from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags, variant_options
+from zerocheck.serve.binary import THREAD_ENVIRONMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
@@ -64,7 +67,8 @@ def measure_backend(artifacts: Path, variant: str, batches: list[int], steps: in
 def measure_in_subprocess(artifacts: Path, variant: str, batches: list[int], steps: int, threads: int | None) -> dict[int, float]:
     command = [sys.executable, __file__, "--measure", variant, "--artifacts", str(artifacts), "--steps", str(steps),
                "--batches", *map(str, batches)] + (["--threads", str(threads)] if threads else [])
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    env = {**THREAD_ENVIRONMENT, **os.environ}  # the server's OpenMP settings (as every model stub gets them)
+    output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
     return {int(batch): ms for batch, ms in json.loads(output.splitlines()[-1]).items()}
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from zerocheck.decoder import attention_kernel
 from zerocheck.decoder.backends import StepFunction, onnxruntime_step, torch_step
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
@@ -305,8 +306,12 @@ def load_decoder(
             if int4_single_row and not int4:
                 print("decoder: int4_single_row asked for, but this torch has no CPU int4 GEMM or the model's "
                       "layer widths are not multiples of 32: one-row steps use the bf16 weights")
-            step_fn = PackedTransformer(model, int4_single_row=int4)
-            kernels = "packed oneDNN bf16 weights" + (", int4 weights for one-row steps" if int4 else "")
+            compiled = attention_kernel.available()
+            if not compiled:
+                print("decoder: numba is not installed; one-token steps attend with torch's matmuls (slower)")
+            step_fn = PackedTransformer(model, int4_single_row=int4, compiled_attention=compiled)
+            kernels = ("packed oneDNN bf16 weights" + (", int4 weights for one-row steps" if int4 else "")
+                       + (", compiled decode attention" if compiled else ""))
         else:
             if device == "cpu" and dtype == "bf16":
                 print("decoder: this torch cannot pack bf16 weights for oneDNN; running the module's forward (slower)")

@@ -7,10 +7,14 @@ step). Here:
 - every weight is reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, the
   packing torch.compile's freezing pass uses), so each GEMM is one AMX / AVX512-BF16 call;
 - the KV cache pool is read and written in place: new keys and values go straight into the rows' slots
-  and attention reads the slots as a view (the gather of every row's past into a batch copy was 24 % of
-  the served decoder's time at 32 streams); one additive float32 attention bias per step serves all
-  layers; attention stays the module's grouped-query matmuls (its fp32 softmax), faster at decode than
-  the fused SDPA kernel (0.17 vs 1.8 ms a layer at 32 rows);
+  (the gather of every row's past into a batch copy was 24 % of the served decoder's time at 32 streams);
+- one-token steps (decode) attend with `attention_kernel.decode_attention` (`compiled_attention`): one
+  numba call a layer rotates, stores and attends for every row over its own positions only (measured at
+  32 rows, 110-250 positions: 74-94 -> 50-57 ms a step; at one row 24.7 -> 11.5 ms, the ~20 torch ops a
+  layer it replaces cost more to dispatch than their arithmetic); longer steps (prefill), and decode
+  without numba, use the module's grouped-query matmuls (its fp32 softmax) over the slots as a view, one
+  additive float32 attention bias per step serving all layers (faster than the fused SDPA kernel: 0.17
+  vs 1.8 ms a layer at 32 rows);
 - optionally (`int4_single_row`), steps of one row and one token use int4 copies of the layers' weights
   (groups of INT4_GROUP inputs, torch's `_weight_int4pack_mm_for_cpu`): such a step reads its weights from
   memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from zerocheck.decoder import attention_kernel
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import Transformer, apply_rotary, rotary_cos_sin
 
@@ -101,13 +106,17 @@ class PackedTransformer:
     """`model`'s step with packed bf16 weights (and int4 copies for one-row steps with `int4_single_row`);
     `model` keeps only the embedding and rotary frequencies."""
 
-    def __init__(self, model: Transformer, int4_single_row: bool = False) -> None:
+    def __init__(self, model: Transformer, int4_single_row: bool = False, compiled_attention: bool = False) -> None:
+        """compiled_attention: one-token steps attend with `attention_kernel.decode_attention` (numba)."""
         if not packing_available():
             raise RuntimeError("PackedTransformer needs torch with oneDNN and a CPU with bf16 instructions")
         config = model.config
         if int4_single_row and not int4_supported(config):
             raise ValueError(f"int4 weights need torch's CPU int4 GEMM and layer widths that are multiples of "
                              f"{INT4_GROUP} (hidden {config.hidden_size}, intermediate {config.intermediate_size})")
+        if compiled_attention and not attention_kernel.available():
+            raise ValueError("compiled_attention needs numba")
+        self.compiled_attention = compiled_attention
         self.config, self.eps, self.inv_freq = config, config.rms_norm_eps, model.inv_freq
         self.embedding = model.embed_tokens.weight.detach().to(torch.bfloat16)
         self.layers = []
@@ -142,29 +151,15 @@ class PackedTransformer:
         positions lengths[b] .. lengths[b] + counts[b] - 1 of its slot (the caller then advances its length;
         a forward that fails leaves them past the length, unseen), and every query attends to its slot's
         first lengths[b] + t + 1 positions. Returns the logits [B, V] float32 at each row's last real token.
+        One-token steps attend with the compiled kernel when `compiled_attention`, other steps with torch.
         """
-        config = self.config
-        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        groups, q_width, kv_width = heads // kv_heads, heads * head_dim, kv_heads * head_dim
         b, t = tokens.shape
-        steps = torch.arange(t)
-        positions = lengths[:, None] + steps
-        span = int((lengths + counts).max())  # the positions any row attends to
-        written = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)  # (row, step) of each real token
-        write_slots, write_positions = slots[written[0]], positions[written]
-        # The rows' slots as one window of the pool, a view that the attention's matmuls read as it is, when
-        # it is not much wider than the batch (rows between are computed and dropped); else a copy per layer.
-        low = int(slots.min())
-        window = int(slots.max()) + 1 - low
-        in_window = window <= 2 * b
-        rows, place = (window, slots - low) if in_window else (b, None)
-        # [rows, 1, 1, T, span]: 0 where visible, float32's min elsewhere (rows outside the batch see all)
-        visible = torch.arange(span)[None, None, :] <= positions[:, :, None]
-        bias = torch.zeros(b, t, span).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None, None]
-        if in_window:
-            bias = bias.new_zeros(rows, *bias.shape[1:]).index_copy_(0, place, bias)
-        cos, sin = (angle.to(torch.bfloat16) for angle in rotary_cos_sin(positions, self.inv_freq))
-        scale = head_dim**-0.5
+        positions = lengths[:, None] + torch.arange(t)
+        angles = rotary_cos_sin(positions, self.inv_freq)
+        if self.compiled_attention and t == 1:
+            attend = _CompiledAttention(self.config, angles, lengths, slots, keys, values)
+        else:
+            attend = _TorchAttention(self.config, angles, counts, lengths, slots, keys, values)
         single = b * t == 1
         x = F.embedding(tokens, self.embedding)
         for i, layer in enumerate(self.layers):
@@ -176,38 +171,98 @@ class PackedTransformer:
             qkv = linear(_rms_norm(x, layer.input_norm, self.eps), qkv_weight)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            # queries and keys rotated as one tensor of heads + kv_heads heads (half the ops of two calls)
-            qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
-            qk = apply_rotary(qk.view(b, t, heads + kv_heads, head_dim).transpose(1, 2), cos, sin)
-            q, k = qk[:, :heads], qk[:, heads:]
-            v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
-            layer_keys, layer_values = keys[i], values[i]
-            if t == 1:  # decode: every row writes its one token
-                layer_keys[write_slots, :, write_positions] = k.squeeze(2)
-                layer_values[write_slots, :, write_positions] = v.squeeze(2)
-            else:
-                layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
-                layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
-            if in_window:
-                past_keys, past_values = (cache[low : low + window, :, :span] for cache in (layer_keys, layer_values))
-            else:
-                past_keys, past_values = (cache.index_select(0, slots)[:, :, :span]
-                                          for cache in (layer_keys, layer_values))
-            # query heads grouped per KV head, [rows, Hkv, G*T, D]: the keys and values are read as they
-            # are (a broadcast matmul would copy them G times)
-            grouped = q.reshape(b, kv_heads, groups * t, head_dim)
-            if in_window:
-                grouped = grouped.new_zeros(rows, *grouped.shape[1:]).index_copy_(0, place, grouped)
-            # keys as the left operand, read in place (as the right one, transposed, matmul copied them per layer)
-            scores = torch.matmul(past_keys, grouped.transpose(-1, -2)).transpose(-1, -2).to(torch.float32)
-            weights = torch.softmax(scores.view(rows, kv_heads, groups, t, span).mul_(scale).add_(bias), dim=-1)
-            attended = torch.matmul(weights.to(torch.bfloat16).view(rows, kv_heads, groups * t, span), past_values)
-            if in_window:
-                attended = attended[place]
-            attended = attended.view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)
-            x = x + linear(attended, o_weight)
+            x = x + linear(attend(i, qkv), o_weight)
             gate, up = linear(_rms_norm(x, layer.post_attention_norm, self.eps), gate_up_weight).chunk(2, dim=-1)
             x = x + linear(F.silu(gate) * up, down_weight)
         index = (counts - 1).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
         last_hidden = torch.gather(x, 1, index).squeeze(1)
         return _linear(_rms_norm(last_hidden, self.norm, self.eps), self.lm_head).to(torch.float32)
+
+
+class _CompiledAttention:
+    """A one-token step's attention, a layer a call: `attention_kernel.decode_attention` on the pool."""
+
+    def __init__(self, config: DecoderConfig, angles: tuple[torch.Tensor, torch.Tensor], lengths: torch.Tensor,
+                 slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        rows = len(lengths)
+        self.heads, self.kv_heads, self.width = config.num_heads, config.num_kv_heads, config.num_heads * config.head_dim
+        self.cos, self.sin = (angle.reshape(rows, config.head_dim).numpy() for angle in angles)
+        self.slots, self.lengths = slots.numpy(), lengths.numpy()
+        self.keys, self.values = attention_kernel.as_bits(keys), attention_kernel.as_bits(values)
+
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv: [B, 1, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, 1, H x D] bfloat16."""
+        rows = qkv.shape[0]
+        attended = qkv.new_empty(rows, 1, self.width)
+        attention_kernel.decode_attention(
+            attention_kernel.as_bits(qkv.reshape(rows, -1)), self.cos, self.sin, self.slots, self.lengths,
+            self.keys[layer], self.values[layer], attention_kernel.as_bits(attended.view(rows, self.width)),
+            self.heads, self.kv_heads)
+        return attended
+
+
+class _TorchAttention:
+    """A step's attention, a layer a call, in torch ops: the module's grouped-query matmuls (its fp32 softmax)
+    over the pool's slots, after writing the step's keys and values into them."""
+
+    def __init__(self, config: DecoderConfig, angles: tuple[torch.Tensor, torch.Tensor], counts: torch.Tensor,
+                 lengths: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.config, self.keys, self.values, self.slots = config, keys, values, slots
+        b, t = len(lengths), int(counts.max())
+        steps = torch.arange(t)
+        positions = lengths[:, None] + steps
+        self.span = int((lengths + counts).max())  # the positions any row attends to
+        self.written = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)  # (row, step) of each real token
+        self.write_slots, self.write_positions = slots[self.written[0]], positions[self.written]
+        # The rows' slots as one window of the pool, a view that the attention's matmuls read as it is, when
+        # it is not much wider than the batch (rows between are computed and dropped); else a copy per layer.
+        self.low = int(slots.min())
+        self.window = int(slots.max()) + 1 - self.low
+        self.in_window = self.window <= 2 * b
+        self.rows, self.place = (self.window, slots - self.low) if self.in_window else (b, None)
+        # [rows, 1, 1, T, span]: 0 where visible, float32's min elsewhere (rows outside the batch see all)
+        visible = torch.arange(self.span)[None, None, :] <= positions[:, :, None]
+        bias = torch.zeros(b, t, self.span).masked_fill_(~visible, torch.finfo(torch.float32).min)[:, None, None]
+        if self.in_window:
+            bias = bias.new_zeros(self.rows, *bias.shape[1:]).index_copy_(0, self.place, bias)
+        self.bias = bias
+        self.cos, self.sin = (angle.to(torch.bfloat16) for angle in angles)
+
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv: [B, T, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, T, H x D] bfloat16."""
+        config, span, rows, place = self.config, self.span, self.rows, self.place
+        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        groups, q_width, kv_width = heads // kv_heads, heads * head_dim, kv_heads * head_dim
+        b, t = qkv.shape[:2]
+        # queries and keys rotated as one tensor of heads + kv_heads heads (half the ops of two calls)
+        qk, v = qkv.split([q_width + kv_width, kv_width], dim=-1)
+        qk = apply_rotary(qk.view(b, t, heads + kv_heads, head_dim).transpose(1, 2), self.cos, self.sin)
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = v.view(b, t, kv_heads, head_dim).transpose(1, 2)
+        layer_keys, layer_values = self.keys[layer], self.values[layer]
+        written, write_slots, write_positions = self.written, self.write_slots, self.write_positions
+        if t == 1:  # decode: every row writes its one token
+            layer_keys[write_slots, :, write_positions] = k.squeeze(2)
+            layer_values[write_slots, :, write_positions] = v.squeeze(2)
+        else:
+            layer_keys[write_slots, :, write_positions] = k[written[0], :, written[1]]
+            layer_values[write_slots, :, write_positions] = v[written[0], :, written[1]]
+        if self.in_window:
+            past_keys, past_values = (cache[self.low : self.low + self.window, :, :span]
+                                      for cache in (layer_keys, layer_values))
+        else:
+            past_keys, past_values = (cache.index_select(0, self.slots)[:, :, :span]
+                                      for cache in (layer_keys, layer_values))
+        # query heads grouped per KV head, [rows, Hkv, G*T, D]: the keys and values are read as they
+        # are (a broadcast matmul would copy them G times)
+        grouped = q.reshape(b, kv_heads, groups * t, head_dim)
+        if self.in_window:
+            grouped = grouped.new_zeros(rows, *grouped.shape[1:]).index_copy_(0, place, grouped)
+        # keys as the left operand, read in place (as the right one, transposed, matmul copied them per layer)
+        scores = torch.matmul(past_keys, grouped.transpose(-1, -2)).transpose(-1, -2).to(torch.float32)
+        scores = scores.view(rows, kv_heads, groups, t, span).mul_(head_dim**-0.5).add_(self.bias)
+        weights = torch.softmax(scores, dim=-1)
+        attended = torch.matmul(weights.to(torch.bfloat16).view(rows, kv_heads, groups * t, span), past_values)
+        if self.in_window:
+            attended = attended[place]
+        return attended.view(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, q_width)

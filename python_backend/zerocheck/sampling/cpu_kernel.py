@@ -27,6 +27,8 @@ import math
 import numpy as np
 import torch
 
+from zerocheck.jit import available, numba  # noqa: F401  (available: whether the kernel can run)
+
 from .batch import SamplingBatch, build_batch
 from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, group_max
 from .params import SamplingParams
@@ -47,20 +49,6 @@ _EXP_FLOOR = _F(-87.0)  # exp(y) below this is taken as 0 (float32's normal rang
 _BUCKET_SCALE = _F(-HIST_BUCKETS / HIST_RANGE)
 # relative slack on a group's mass bounds: the exp's error (3e-7) plus float32 rounding of GROUP terms (8e-6)
 MASS_BOUND = 1e-4
-
-try:
-    import numba
-
-    # numba's OpenMP layer spins its threads after each call, taking the CPU from the decoder that runs
-    # next; the workqueue layer's threads sleep (as onnxruntime's do: allow_spinning 0)
-    numba.config.THREADING_LAYER = "workqueue"
-except ImportError:  # the eager torch path serves without it
-    numba = None
-
-
-def available() -> bool:
-    return numba is not None
-
 
 def _mix32(z):
     z = (((z >> 16) ^ z) * _MUL) & _M32

@@ -1,0 +1,176 @@
+"""Compiled (numba) decode attention over the KV cache pool: one call a layer for every row of a
+one-token step, reading and writing the pool's bfloat16 slots in place.
+
+For row b (its new token at position p = lengths[b], its sequence in pool slot s = slots[b]) and every
+KV head h, `decode_attention`:
+- rotates the new key (rotary angles of p, Hugging Face half-split layout) and stores it, with the new
+  value, at keys[s, h, p] / values[s, h, p] (rounded to bfloat16, to nearest even);
+- rotates the h-th group's query heads and attends over positions 0..p of slot s: scores, softmax and
+  the weighted sum of values in float32 (the pool's bfloat16 widened exactly), the result rounded to
+  bfloat16 into `out`.
+Each row reads only its own positions (no padding to the longest row, no attention bias) and nothing
+is copied out of the pool: torch's bf16 matmuls copy a strided window of the pool before they multiply
+(they take contiguous operands only), and a batched step of ~20 small torch ops a layer costs more in
+dispatch than the arithmetic at one row. The torch path (`PackedTransformer` without it) rounds
+queries, scores and weights to bfloat16 on the way; here they stay float32, nearer the fp32 model.
+
+bfloat16 tensors reach numba as int16 views (`as_bits`): a bfloat16 is the top half of a float32's bits.
+Work items are (row, KV head) pairs; they run in the calling thread when the step is light (one row's
+context at a few hundred tokens: waking numba's threads costs more than the arithmetic), else spread
+over numba's threads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zerocheck.jit import available, numba  # noqa: F401  (available: whether the kernel can run)
+
+# (row, KV head) items x positions attended summed over the step, from which the items run on numba's
+# threads: below it the whole call costs less than waking them (measured on 2 cores)
+PARALLEL_WORK = 4096
+_F = np.float32
+_LOG2E = _F(1.4426950408889634)
+_LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for small k (Cody-Waite)
+_LN2_LO = _F(-2.12194440e-4)
+_EXP_FLOOR = _F(-87.0)  # float32's normal range ends at -87.3: exp below it is taken at the floor (~1.6e-38)
+
+
+def as_bits(tensor: torch.Tensor) -> np.ndarray:
+    """A bfloat16 tensor's memory as an int16 numpy array (no copy)."""
+    return tensor.view(torch.int16).numpy()
+
+
+def _widen(bits, out):
+    """bfloat16 bits (int16) -> float32 into `out` (a float32 array; `out.view(uint32)` written)."""
+    wide = out.view(np.uint32)
+    for d in range(bits.shape[0]):
+        wide[d] = np.uint32(np.uint16(bits[d])) << 16
+
+
+def _narrow(values, scratch, bits):
+    """float32 `values` -> bfloat16 bits (round to nearest even) into `bits` (int16); `scratch`: float32."""
+    scratch[:] = values
+    wide = scratch.view(np.uint32)
+    for d in range(bits.shape[0]):
+        w = wide[d]
+        bits[d] = np.int16(np.uint16((w + np.uint32(0x7FFF) + ((w >> 16) & np.uint32(1))) >> 16))
+
+
+def _rotate(x, cos, sin, out):
+    """Rotary embedding of one head: out = x * cos + cat(-x2, x1) * sin (x1, x2 the halves of x)."""
+    half = x.shape[0] // 2
+    for d in range(half):
+        out[d] = x[d] * cos[d] - x[d + half] * sin[d]
+        out[d + half] = x[d + half] * cos[d + half] + x[d] * sin[d + half]
+
+
+def _softmax(x, powers):
+    """x <- softmax(x) in place; `powers`: int32 scratch as long as x. exp by Cody-Waite reduction to r in
+    [-ln2/2, ln2/2], a degree-6 polynomial and 2**k written as float32 bits (within 2 ulp of float32's
+    exp; the loops vectorise, where a call to libm's expf a score would not)."""
+    n = x.shape[0]
+    top = x[0]
+    for p in range(1, n):
+        top = max(top, x[p])
+    for p in range(n):
+        z = max(x[p] - top, _EXP_FLOOR)
+        k = np.floor(z * _LOG2E + _F(0.5))
+        r = (z - k * _LN2_HI) - k * _LN2_LO
+        x[p] = _F(1.0) + r + r * r * (_F(0.5) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * _F(1 / 720)))))
+        powers[p] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    scale = powers.view(np.float32)
+    total = _F(0.0)
+    for p in range(n):
+        x[p] *= scale[p]
+        total += x[p]
+    inverse = _F(1.0) / total
+    for p in range(n):
+        x[p] *= inverse
+
+
+def _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale):
+    """Row item // kv_heads, KV head item % kv_heads: store its new key and value, attend its queries."""
+    head_dim = keys.shape[3]
+    groups = heads // kv_heads
+    r, h = item // kv_heads, item % kv_heads
+    slot, position = slots[r], lengths[r]
+    n = position + 1
+    raw = np.empty(head_dim, np.float32)
+    rotated = np.empty(head_dim, np.float32)
+    scratch = np.empty(head_dim, np.float32)
+    # the new key (rotated) and value into the pool
+    k_at = (heads + h) * head_dim
+    _widen(qkv[r, k_at:k_at + head_dim], raw)
+    _rotate(raw, cos[r], sin[r], rotated)
+    _narrow(rotated, scratch, keys[slot, h, position])
+    v_at = (heads + kv_heads + h) * head_dim
+    values[slot, h, position, :] = qkv[r, v_at:v_at + head_dim]
+    # the group's queries, rotated and scaled
+    queries = np.empty((groups, head_dim), np.float32)
+    for g in range(groups):
+        q_at = (h * groups + g) * head_dim
+        _widen(qkv[r, q_at:q_at + head_dim], raw)
+        _rotate(raw, cos[r], sin[r], rotated)
+        for d in range(head_dim):
+            queries[g, d] = rotated[d] * scale
+    # scores over positions 0..position, softmax, weighted sum of values
+    scores = np.empty((groups, n), np.float32)
+    key = np.empty(head_dim, np.float32)
+    for p in range(n):
+        _widen(keys[slot, h, p], key)
+        for g in range(groups):
+            s = np.float32(0.0)
+            for d in range(head_dim):
+                s += queries[g, d] * key[d]
+            scores[g, p] = s
+    powers = np.empty(n, np.int32)
+    for g in range(groups):
+        _softmax(scores[g], powers)
+    acc = np.zeros((groups, head_dim), np.float32)
+    value = np.empty(head_dim, np.float32)
+    for p in range(n):
+        _widen(values[slot, h, p], value)
+        for g in range(groups):
+            w = scores[g, p]
+            for d in range(head_dim):
+                acc[g, d] += w * value[d]
+    for g in range(groups):
+        q_at = (h * groups + g) * head_dim
+        _narrow(acc[g], scratch, out[r, q_at:q_at + head_dim])
+
+
+def _attend_serial(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale):
+    for item in range(qkv.shape[0] * kv_heads):
+        _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale)
+
+
+def _attend_parallel(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale):
+    for item in numba.prange(qkv.shape[0] * kv_heads):
+        _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale)
+
+
+if numba is not None:
+    _FAST = {"reassoc", "nsz", "contract", "arcp", "afn"}
+    _widen = numba.njit(inline="always", cache=True)(_widen)
+    _narrow = numba.njit(inline="always", cache=True)(_narrow)
+    _rotate = numba.njit(inline="always", cache=True, fastmath=_FAST)(_rotate)
+    _softmax = numba.njit(inline="always", cache=True, fastmath={"reassoc", "nsz", "contract"})(_softmax)
+    _attend_item = numba.njit(cache=True, fastmath=_FAST)(_attend_item)
+    _attend_serial = numba.njit(cache=True)(_attend_serial)
+    _attend_parallel = numba.njit(parallel=True, cache=True)(_attend_parallel)
+
+
+def decode_attention(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
+                     keys: np.ndarray, values: np.ndarray, out: np.ndarray, heads: int, kv_heads: int) -> None:
+    """One layer's attention for a one-token step of B rows (see the module docstring).
+
+    qkv: [B, (heads + 2 kv_heads) x D] bfloat16 bits (int16; queries, keys, values as projected, before
+    rotation); cos, sin: [B, D] float32 angles of each row's position; slots, lengths: [B] int64 (the
+    new token's position is lengths[b]); keys, values: one layer's [S, Hkv, max_seq_len, D] pool, bits;
+    out: [B, heads x D] bits, written."""
+    head_dim = keys.shape[3]
+    scale = np.float32(head_dim ** -0.5)
+    work = kv_heads * int(lengths.sum() + len(lengths))
+    run = _attend_parallel if work >= PARALLEL_WORK and len(lengths) * kv_heads > 1 else _attend_serial
+    run(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale)
