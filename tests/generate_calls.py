@@ -107,8 +107,18 @@ def http_generate(url: str, body: dict[str, Any], stream: bool = False, model: s
     return events
 
 
-def slots_in_use(server) -> float:
-    """The decoder's `zerocheck_kv_slots_in_use` gauge on the metrics port (-1 when absent)."""
+def decoder_metric(server, name: str, absent: float) -> float:
+    """The decoder's metric `name` on the metrics port (`absent` when it is not exported)."""
     text = requests.get(f"http://{server.metrics_url}/metrics", timeout=10).text
-    match = re.search(r'^zerocheck_kv_slots_in_use\{model="decoder"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else -1.0
+    match = re.search(rf'^{name}\{{model="decoder"\}} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else absent
+
+
+def slots_in_use(server) -> float:
+    """The decoder's `zerocheck_kv_slots_in_use` gauge (-1 when absent)."""
+    return decoder_metric(server, "zerocheck_kv_slots_in_use", -1.0)
+
+
+def prefix_reused_tokens(server) -> float:
+    """The decoder's `zerocheck_prefix_cache_reused_tokens_total` counter (0 before its first push)."""
+    return decoder_metric(server, "zerocheck_prefix_cache_reused_tokens_total", 0.0)

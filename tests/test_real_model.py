@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import conftest
-from generate_calls import grpc_generate, slots_in_use
+from generate_calls import grpc_generate, prefix_reused_tokens, slots_in_use
 from zerocheck.serve import TritonServer
 
 MAX_TOKENS = 48
@@ -171,11 +171,25 @@ def test_seeded_sampling_is_reproducible_at_any_batch_position(served, path):
     def ids(fields):
         return [i for r in grpc_generate(server.grpc_url, fields, parameters=parameters) for i in r.get("output_ids", [])]
 
+    ids(seeded)  # cached now (the prefix cache): every call below computes only its last prompt token, alike
     alone = ids(seeded)
     for position in (0, 3, 6):
         batch = others[:position] + [seeded] + others[position:]
         with ThreadPoolExecutor(len(batch)) as pool:
             assert list(pool.map(ids, batch))[position] == alone, f"position {position}"
+
+
+def test_chat_prompts_reuse_the_cached_system_prompt(served):
+    """Two conversations without a system message open with the template's system prompt: the second
+    copies those positions' keys and values from the decoder's prefix cache (its counter on /metrics)."""
+    _, server = served
+    before = prefix_reused_tokens(server)
+    for question in ("Name a colour.", "Name a planet."):
+        grpc_generate(server.grpc_url, {"messages": json.dumps([{"role": "user", "content": question}]),
+                                        "max_tokens": 2, "temperature": 0.0})
+    time.sleep(0.3)  # past metrics_interval_s: the next execute pushes the counter
+    grpc_generate(server.grpc_url, fields_of("plain", "Hi", max_tokens=1))
+    assert prefix_reused_tokens(server) - before >= 24  # <|im_start|>system ... <|im_start|>user\n
 
 
 def test_a_conversation_too_long_names_messages(served):

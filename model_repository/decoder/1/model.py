@@ -44,7 +44,7 @@ class TritonPythonModel:
                               max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
                               num_threads=params.num_threads or None, fail_token=params.test_fail_token,
                               dtype=params.dtype, device=config.instance_device(params.device),
-                              int4_single_row=params.int4_single_row)
+                              int4_single_row=params.int4_single_row, prefix_cache_tokens=params.prefix_cache_tokens)
         self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device))
         self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}
@@ -56,7 +56,10 @@ class TritonPythonModel:
             pb_utils.MetricFamily(name="zerocheck_decoder_seconds_total", description="decoder execute time by stage: "
                                   "the forward, and the zero-check sampler fused after it", kind=counter),
             pb_utils.MetricFamily(name="zerocheck_decoder_info", description="what the decoder runs with (chosen at "
-                                  "load): backend, dtype, device; always 1", kind=gauge)]
+                                  "load): backend, dtype, device; always 1", kind=gauge),
+            pb_utils.MetricFamily(name="zerocheck_prefix_cache_reused_tokens_total", description="prompt positions "
+                                  "whose keys and values came from the prefix cache instead of the forward",
+                                  kind=counter)]
         self.kv_slots, self.kv_capacity = (family.Metric(labels=labels) for family in self.families[:2])
         self.stage_seconds = {stage: self.families[2].Metric(labels={**labels, "stage": stage})
                               for stage in ("forward", "sample")}
@@ -64,6 +67,7 @@ class TritonPythonModel:
         self.info = self.families[3].Metric(labels={**labels, "backend": engine.backend, "dtype": engine.dtype,
                                                     "device": engine.device})
         self.info.set(1)
+        self.reused_tokens = self.families[4].Metric(labels=labels)
         self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):
@@ -76,7 +80,8 @@ class TritonPythonModel:
                 indices.append(i)
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
-        before = (self.service.forward_s, self.service.sample_s)
+        cache = self.service.engine.prefix_cache
+        before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache else 0)
         try:
             answers = self.service.run(parsed) if parsed else []
         except Exception as error:  # not a row's fault: every request of the step gets it
@@ -85,6 +90,8 @@ class TritonPythonModel:
             responses[i] = error_response(pb_utils, answer) if isinstance(answer, Exception) else respond(answer)
         self.metrics.increment(self.stage_seconds["forward"], self.service.forward_s - before[0])
         self.metrics.increment(self.stage_seconds["sample"], self.service.sample_s - before[1])
+        if cache is not None:
+            self.metrics.increment(self.reused_tokens, cache.reused_tokens - before[2])
         self.metrics.set(self.kv_slots, self.service.engine.pool.in_use)
         self.metrics.flush()
         return responses

@@ -19,6 +19,7 @@ from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
 from zerocheck.decoder.packed import PackedTransformer, int4_supported, packing_available
+from zerocheck.decoder.prefix_cache import PrefixCache
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
@@ -151,12 +152,15 @@ class _Logits:
 
 class DecoderEngine:
     def __init__(self, config: DecoderConfig, step_fn: StepFunction | PackedTransformer, pool: KVCachePool,
-                 backend: str, dtype: str = "fp32", fail_token: int = -1, device: str = "cpu") -> None:
-        """`step_fn`: a `StepFunction` (caches gathered per step), or a `PackedTransformer` (the pool in place)."""
+                 backend: str, dtype: str = "fp32", fail_token: int = -1, device: str = "cpu",
+                 prefix_cache: PrefixCache | None = None) -> None:
+        """`step_fn`: a `StepFunction` (caches gathered per step), or a `PackedTransformer` (the pool in place).
+        `prefix_cache`: first steps reuse the keys and values of cached prompts that open alike."""
         self.config, self.pool, self.backend, self.dtype, self.device = config, pool, backend, dtype, device
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
         self.fail_token = fail_token
+        self.prefix_cache = prefix_cache
 
     def step(self, requests: Sequence[StepRequest]) -> StepResult:
         """Run the rows of one batched step; a row's failure is its own (see `_run`). Single-token
@@ -171,7 +175,9 @@ class DecoderEngine:
                 self.pool.release(request.seq_id)
                 continue
             try:
-                rows.append(_Row(index, request.seq_id, self._admit(request, seen), list(request.tokens), request.start))
+                held = self._admit(request, seen)
+                tokens = self._reuse_prefix(held, request.tokens) if request.start else list(request.tokens)
+                rows.append(_Row(index, request.seq_id, held, tokens, request.start))
             except DecoderError as error:
                 errors[index] = error
             seen.add(request.seq_id)
@@ -179,6 +185,10 @@ class DecoderEngine:
         for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
             if group:
                 self._run(group, logits, errors)
+        if self.prefix_cache is not None:
+            for row in rows:
+                if row.start and errors[row.index] is None:
+                    self._store_prefix(row.held, requests[row.index].tokens)
         for request in requests:
             if request.end:
                 self.pool.release(request.seq_id)
@@ -197,6 +207,21 @@ class DecoderEngine:
             errors[rows[0].index] = error
             if rows[0].start:
                 self.pool.release(rows[0].seq_id)
+
+    def _reuse_prefix(self, held: SlotState, tokens: list[int]) -> list[int]:
+        """A first step's tokens left to compute after copying a cached opening's keys and values into its
+        (empty) slot: all of them without a prefix cache or a hit."""
+        entry, length = self.prefix_cache.lookup(tokens) if self.prefix_cache is not None else (None, 0)
+        if entry is None:
+            return list(tokens)
+        self.pool.keys[:, held.slot, :, :length] = entry.keys[:, :, :length]
+        self.pool.values[:, held.slot, :, :length] = entry.values[:, :, :length]
+        self.pool.advance(held, length)
+        return list(tokens[length:])
+
+    def _store_prefix(self, held: SlotState, tokens: list[int]) -> None:
+        n = len(tokens)
+        self.prefix_cache.store(tokens, self.pool.keys[:, held.slot, :, :n], self.pool.values[:, held.slot, :, :n])
 
     def release(self, seq_id: str) -> None:
         """Cancellation: free the slot of `seq_id` if held; no error if not held."""
@@ -278,6 +303,7 @@ def load_decoder(
     dtype: str = "auto",
     device: str = "cpu",
     int4_single_row: bool = False,
+    prefix_cache_tokens: int = 0,
 ) -> DecoderEngine:
     """Load the decoder built by build_engines.py; the backend (`choose_backend`), the device (`choose_device`)
     and the dtype of weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache
@@ -286,7 +312,8 @@ def load_decoder(
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
     max_position_embeddings. int4_single_row: on the packed bf16 CPU path, steps of one row and one token use
     int4 copies of the layers' weights (`PackedTransformer`); elsewhere it is not used (printed). Prints the
-    KV pool size. fail_token >= 0 (test-only) makes every forward
+    KV pool size. prefix_cache_tokens > 0: a `PrefixCache` of that many positions (first steps reuse the keys
+    and values of recent prompts that open alike). fail_token >= 0 (test-only) makes every forward
     whose tokens hold that id raise InjectedFault.
     """
     root = Path(artifacts_dir)
@@ -332,5 +359,7 @@ def load_decoder(
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
                        dtype=TORCH_DTYPES[dtype], device=device)
-    print(f"decoder ({backend}, {dtype}, {device}, {kernels}): {pool.describe()}")
-    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device)
+    prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+    reuse = f"; prefix cache of {prefix_cache_tokens} tokens" if prefix_cache else ""
+    print(f"decoder ({backend}, {dtype}, {device}, {kernels}): {pool.describe()}{reuse}")
+    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device, prefix_cache)
