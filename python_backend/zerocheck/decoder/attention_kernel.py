@@ -161,6 +161,18 @@ if numba is not None:
     _attend_parallel = numba.njit(parallel=True, cache=True)(_attend_parallel)
 
 
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) both loops now, with the argument types a step passes:
+    compiled at a first request they would stall it for 5-7 s each (measured, cold cache)."""
+    heads, kv_heads, head_dim = 2, 1, 4
+    for rows, length in ((1, 0), (2, PARALLEL_WORK)):  # serial, threaded
+        pool = np.zeros((2, rows, kv_heads, length + 1, head_dim), np.int16)
+        angles = np.zeros((rows, head_dim), np.float32)
+        decode_attention(np.zeros((rows, (heads + 2 * kv_heads) * head_dim), np.int16), angles, angles,
+                         np.arange(rows, dtype=np.int64), np.full(rows, length, dtype=np.int64), pool[0], pool[1],
+                         np.zeros((rows, heads * head_dim), np.int16), heads, kv_heads)
+
+
 def decode_attention(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                      keys: np.ndarray, values: np.ndarray, out: np.ndarray, heads: int, kv_heads: int) -> None:
     """One layer's attention for a one-token step of B rows (see the module docstring).

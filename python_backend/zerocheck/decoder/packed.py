@@ -117,6 +117,8 @@ class PackedTransformer:
         if compiled_attention and not attention_kernel.available():
             raise ValueError("compiled_attention needs numba")
         self.compiled_attention = compiled_attention
+        if compiled_attention:
+            attention_kernel.warm_up()
         self.config, self.eps, self.inv_freq = config, config.rms_norm_eps, model.inv_freq
         self.embedding = model.embed_tokens.weight.detach().to(torch.bfloat16)
         self.layers = []
