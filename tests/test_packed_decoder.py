@@ -36,25 +36,35 @@ def module_inputs(pool: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor,
     return tokens, lengths[:, None] + steps, torch.cat([past_visible, new_visible], -1), counts - 1, keys, values
 
 
+STEPS = {"mixed": ([1, 4, 2], False),  # new tokens per row; the compiled decode attention (one-token steps)
+         "decode": ([1, 1, 1], True)}
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q/k/v biases
 @pytest.mark.parametrize("slots", [[3, 0, 4], [9, 0, 5]], ids=["window", "scattered"])  # a view; a copy per layer
-def test_packed_step_is_the_module_step_within_bf16_rounding(model_type: str, slots: list[int]) -> None:
-    """Three rows with 6, 3 and 0 cached positions and 1, 4 and 2 new tokens. The packed step's logits and
-    the keys/values it writes into the pool are no further from the same (bf16-valued) weights run in
-    float32 than the bf16 module's own: same numerics, only the rounding order differs."""
+@pytest.mark.parametrize("step", STEPS)
+def test_packed_step_is_the_module_step_within_bf16_rounding(model_type: str, slots: list[int], step: str) -> None:
+    """Three rows with 6, 3 and 0 cached positions and 1, 4 and 2 new tokens (torch's attention), or one
+    each (the compiled decode attention). The packed step's logits and the keys/values it writes into the
+    pool are no further from the same (bf16-valued) weights run in float32 than the bf16 module's own:
+    same numerics, only the rounding order differs (the kernel keeps queries, scores and weights in
+    float32 where the module rounds them to bf16)."""
+    new_tokens, compiled = STEPS[step]
+    if compiled and not attention_kernel.available():
+        pytest.skip("numba is not installed")
     model = tiny_model(model_type)
     config = model.config
     generator = torch.Generator().manual_seed(1)
     shape = (config.num_layers, 10, config.num_kv_heads, 16, config.head_dim)
     pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
-    tokens = torch.randint(0, config.vocab_size, (3, 4), generator=generator)
-    counts, lengths, slot_ids = torch.tensor([1, 4, 2]), torch.tensor([6, 3, 0]), torch.tensor(slots)
+    tokens = torch.randint(0, config.vocab_size, (3, max(new_tokens)), generator=generator)
+    counts, lengths, slot_ids = torch.tensor(new_tokens), torch.tensor([6, 3, 0]), torch.tensor(slots)
     inputs = module_inputs(pool, tokens, counts, lengths, slot_ids)
     with torch.no_grad():
         module = model(*inputs)
         exact = tiny_model(model_type).float()(*inputs[:4], *(cache.float() for cache in inputs[4:]))
     before = [cache.clone() for cache in pool]
-    logits = PackedTransformer(model).step(tokens, counts, lengths, slot_ids, *pool)
+    logits = PackedTransformer(model, compiled_attention=compiled).step(tokens, counts, lengths, slot_ids, *pool)
     assert logits.dtype == torch.float32
     errors = {"packed": [(logits - exact[0]).abs().max().item()], "module": [(module[0] - exact[0]).abs().max().item()]}
     for b, c in enumerate(counts.tolist()):
@@ -71,36 +81,6 @@ def test_packed_step_is_the_module_step_within_bf16_rounding(model_type: str, sl
         for s, n, c in zip(slots, lengths.tolist(), counts.tolist()):
             old[:, s, :, n : n + c] = cache[:, s, :, n : n + c]
         assert torch.equal(cache, old)
-
-
-@pytest.mark.skipif(not attention_kernel.available(), reason="numba is not installed")
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_compiled_decode_attention_is_the_module_step_within_bf16_rounding(model_type: str) -> None:
-    """A one-token step of three rows (6, 3 and 0 cached positions, scattered slots) with the compiled
-    attention: its logits and the keys/values it writes are no further from float32 than the bf16 module's
-    own, and the same top-1; the torch attention's step is just as close (the kernel keeps queries, scores
-    and weights in float32 where torch rounds them to bf16)."""
-    model = tiny_model(model_type)
-    config = model.config
-    generator = torch.Generator().manual_seed(6)
-    shape = (config.num_layers, 10, config.num_kv_heads, 16, config.head_dim)
-    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
-    tokens = torch.randint(0, config.vocab_size, (3, 1), generator=generator)
-    counts, lengths, slots = torch.tensor([1, 1, 1]), torch.tensor([6, 3, 0]), torch.tensor([9, 0, 5])
-    inputs = module_inputs(pool, tokens, counts, lengths, slots)
-    with torch.no_grad():
-        module = model(*inputs)
-        exact = tiny_model(model_type).float()(*inputs[:4], *(cache.float() for cache in inputs[4:]))
-    module_error = (module[0] - exact[0]).abs().max().item()
-    for compiled in (True, False):
-        written = [cache.clone() for cache in pool]
-        logits = PackedTransformer(model, compiled_attention=compiled).step(tokens, counts, lengths, slots, *written)
-        assert (logits - exact[0]).abs().max().item() <= 2 * module_error + 0.02
-        assert torch.equal(logits.argmax(-1), exact[0].argmax(-1))
-        for b in range(3):
-            for cache, exact_new in zip(written, exact[1:]):
-                got = cache[:, slots[b], :, lengths[b]].float()
-                assert (got - exact_new[:, b, :, 0]).abs().max().item() <= 0.05
 
 
 def test_the_engine_packs_bf16_on_this_cpu_and_decodes_as_the_module(tmp_path) -> None:
