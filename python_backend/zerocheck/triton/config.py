@@ -119,7 +119,8 @@ class DecoderParameters:
 
     def __post_init__(self) -> None:
         _at_least(1, max_slots=self.max_slots)
-        _at_least(0, prefix_cache_tokens=self.prefix_cache_tokens, max_seq_len=self.max_seq_len, idle_timeout_s=self.idle_timeout_s, num_threads=self.num_threads,
+        _at_least(0, prefix_cache_tokens=self.prefix_cache_tokens, max_seq_len=self.max_seq_len,
+                  idle_timeout_s=self.idle_timeout_s, num_threads=self.num_threads,
                   metrics_interval_s=self.metrics_interval_s, test_delay_ms=self.test_delay_ms)
 
 
