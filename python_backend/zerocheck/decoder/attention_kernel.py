@@ -23,17 +23,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zerocheck.jit import available, numba  # noqa: F401  (available: whether the kernel can run)
+from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernel runs)
 
 # (row, KV head) items x positions attended, summed over the step, from which the items run on numba's
 # threads (measured on 2 cores: 32 rows x 100-200 positions, 606 -> 338 us a layer threaded; decode steps
 # of 1 and 8 rows took the same time either way, within noise)
 PARALLEL_WORK = 4096
 _F = np.float32
-_LOG2E = _F(1.4426950408889634)
-_LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for small k (Cody-Waite)
-_LN2_LO = _F(-2.12194440e-4)
-_EXP_FLOOR = _F(-87.0)  # float32's normal range ends at -87.3: exp below it is taken at the floor (~1.6e-38)
 
 
 def as_bits(tensor: torch.Tensor) -> np.ndarray:
@@ -66,19 +62,13 @@ def _rotate(x, cos, sin, out):
 
 
 def _softmax(x, powers):
-    """x <- softmax(x) in place; `powers`: int32 scratch as long as x. exp by Cody-Waite reduction to r in
-    [-ln2/2, ln2/2], a degree-6 polynomial and 2**k written as float32 bits (within 2 ulp of float32's
-    exp; the loops vectorise, where a call to libm's expf a score would not)."""
+    """x <- softmax(x) in place; `powers`: int32 scratch as long as x (exp: `zerocheck.jit.exp_parts`)."""
     n = x.shape[0]
     top = x[0]
     for p in range(1, n):
         top = max(top, x[p])
     for p in range(n):
-        z = max(x[p] - top, _EXP_FLOOR)
-        k = np.floor(z * _LOG2E + _F(0.5))
-        r = (z - k * _LN2_HI) - k * _LN2_LO
-        x[p] = _F(1.0) + r + r * r * (_F(0.5) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * _F(1 / 720)))))
-        powers[p] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        x[p], powers[p] = exp_parts(max(x[p] - top, EXP_FLOOR))  # below the floor: exp(floor), ~1.6e-38
     scale = powers.view(np.float32)
     total = _F(0.0)
     for p in range(n):

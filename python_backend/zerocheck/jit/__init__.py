@@ -7,10 +7,14 @@ loop in half the time on 2 cores, where numba's own "workqueue" layer measured 0
 as GOMP_SPINCOUNT / OMP_WAIT_POLICY allow (`zerocheck serve` bounds both for every stub). Without
 libgomp, workqueue, logged. `numba` is None when numba is not installed (the kernels' callers then run
 their torch paths).
+
+`exp_parts`: the float32 exp both kernels vectorise (inlined into their loops, under their fastmath flags).
 """
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 log = logging.getLogger("zerocheck")
 
@@ -29,5 +33,26 @@ if numba is not None:
         numba.config.THREADING_LAYER = "workqueue"
 
 
+_F = np.float32
+_LOG2E = _F(1.4426950408889634)
+_LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for |k| < 2**12 (Cody-Waite)
+_LN2_LO = _F(-2.12194440e-4)
+EXP_FLOOR = _F(-87.0)  # float32's normal range ends at -87.3: callers take exp below it as 0 or clamp to it
+
+
 def available() -> bool:
     return numba is not None
+
+
+def exp_parts(z):
+    """exp(z) = p * 2**k for float32 z >= EXP_FLOOR (and z < 88), as (p, the float32 bits of 2**k as int32):
+    Cody-Waite reduction to r in [-ln2/2, ln2/2] and a degree-6 polynomial, within 2 ulp of float32's exp.
+    Branch-free, so a loop calling it vectorises (a libm expf call per element would not)."""
+    k = np.floor(z * _LOG2E + _F(0.5))
+    r = (z - k * _LN2_HI) - k * _LN2_LO
+    p = _F(1.0) + r + r * r * (_F(0.5) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * _F(1 / 720)))))
+    return p, (np.int32(k) + np.int32(127)) << np.int32(23)
+
+
+if numba is not None:
+    exp_parts = numba.njit(inline="always", cache=True)(exp_parts)

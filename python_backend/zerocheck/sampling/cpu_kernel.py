@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from zerocheck.jit import available, numba  # noqa: F401  (available: whether the kernel can run)
+from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernel runs)
 
 from .batch import SamplingBatch, build_batch
 from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, group_max
@@ -44,10 +44,6 @@ _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B
 _INV_2_32 = 1.0 / 4294967296.0
 _F = np.float32
-_LOG2E = _F(1.4426950408889634)
-_LN2_HI = _F(0.693359375)  # ln 2 split so that k * _LN2_HI is exact for |k| < 2**12 (Cody-Waite)
-_LN2_LO = _F(-2.12194440e-4)
-_EXP_FLOOR = _F(-87.0)  # exp(y) below this is taken as 0 (float32's normal range ends at -87.3)
 _BUCKET_SCALE = _F(-HIST_BUCKETS / HIST_RANGE)
 # relative slack on a group's mass bounds: the exp's error (3e-7) plus float32 rounding of GROUP terms (8e-6)
 MASS_BOUND = 1e-4
@@ -72,12 +68,11 @@ def _bucket(y):
 
 def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only):
     """mass[g] = the float32 sum of w = exp(y) over group g's tokens with y >= lower, y = (row - top) *
-    inv_t (w = 0 below _EXP_FLOOR); groups whose maximum is below lower, and when `only` (bool per
+    inv_t (w = 0 below EXP_FLOOR); groups whose maximum is below lower, and when `only` (bool per
     group) is not empty the groups it leaves out, get 0 without a pass over their tokens. With a histogram
     (hist.shape[0] == HIST_BUCKETS) the same pass adds each w to hist[y's bucket] for top-p.
-    exp: Cody-Waite reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial and 2**k written as
-    float32 bits (within 2 ulp of float32's exp); the loops vectorise (compiled with reassociation and
-    FMA contraction, no NaN/inf assumptions)."""
+    exp: `zerocheck.jit.exp_parts` (within 2 ulp of float32's exp); the loops vectorise (compiled with
+    reassociation and FMA contraction, no NaN/inf assumptions)."""
     vocab = row.shape[0]
     w = np.empty(GROUP, np.float32)
     bits = np.empty(GROUP, np.int32)
@@ -92,12 +87,9 @@ def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only):
         n = min(GROUP, vocab - start)
         for i in range(n):
             y = (row[start + i] - top) * inv_t
-            z = y if y > _EXP_FLOOR else _EXP_FLOOR
-            k = np.floor(z * _LOG2E + _F(0.5))
-            r = (z - k * _LN2_HI) - k * _LN2_LO
-            p = _F(1.0) + r + r * r * (_F(0.5) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * _F(1 / 720)))))
-            w[i] = p if y > _EXP_FLOOR and y >= lower else _F(0.0)
-            bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+            z = y if y > EXP_FLOOR else EXP_FLOOR
+            p, bits[i] = exp_parts(z)
+            w[i] = p if y > EXP_FLOOR and y >= lower else _F(0.0)
         total = _F(0.0)
         for i in range(n):
             w[i] *= scale[i]
@@ -115,13 +107,13 @@ def _contending_groups(gmax, top, inv_t, vocab, key0, key1):
     mass M lies in [w, n * w] (w = exp(its maximum's y), n its tokens; widened by MASS_BOUND for float32
     rounding), so its score E / M lies in [E / (n w), E / w]; a group whose lowest score is above the
     smallest highest score cannot have the smallest score. Groups with no weight (y of the maximum at or
-    below _EXP_FLOOR) never contend."""
+    below EXP_FLOOR) never contend."""
     groups = gmax.shape[0]
     lowest = np.full(groups, np.inf)
     least_highest = np.inf
     for g in range(groups):
         y = (gmax[g] - top) * inv_t
-        if y > _EXP_FLOOR:
+        if y > EXP_FLOOR:
             noise = _exp_noise(key0, key1, g + GROUP_SALT)
             w = math.exp(np.float64(y))
             least_highest = min(least_highest, noise / (w * (1.0 - MASS_BOUND)))
@@ -278,7 +270,7 @@ def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1):
     top_score, arg = -np.inf, winner * GROUP
     for i in range(winner * GROUP, min(vocab, (winner + 1) * GROUP)):  # log-weight y: no exp needed
         y = (row[i] - top) * inv_t
-        if y > _EXP_FLOOR and y >= lower:
+        if y > EXP_FLOOR and y >= lower:
             score = np.float64(y) - math.log(_exp_noise(key0, key1, i))
             if score > top_score:
                 top_score, arg = score, i
