@@ -81,7 +81,7 @@ class TritonPythonModel:
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
         cache = self.service.engine.prefix_cache
-        before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache else 0)
+        before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache is not None else 0)
         try:
             answers = self.service.run(parsed) if parsed else []
         except Exception as error:  # not a row's fault: every request of the step gets it

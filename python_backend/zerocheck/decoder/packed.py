@@ -10,7 +10,7 @@ step). Here:
   (the gather of every row's past into a batch copy was 24 % of the served decoder's time at 32 streams);
 - one-token steps (decode) attend with `attention_kernel.decode_attention` (`compiled_attention`): one
   numba call a layer rotates, stores and attends for every row over its own positions only (measured at
-  32 rows, 110-250 positions: 74-94 -> 50-57 ms a step; at one row 24.7 -> 11.5 ms, the ~20 torch ops a
+  32 rows, 110 positions: 74-78 -> 49-50 ms a step; at one row 24.7 -> 11.5 ms, the ~20 torch ops a
   layer it replaces cost more to dispatch than their arithmetic); longer steps (prefill), and decode
   without numba, use the module's grouped-query matmuls (its fp32 softmax) over the slots as a view, one
   additive float32 attention bias per step serving all layers (faster than the fused SDPA kernel: 0.17
@@ -20,7 +20,8 @@ step). Here:
   memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
   bf16 GEMMs are faster (the int4 kernel is compute-bound), so batches keep bf16. GGUF Q4_1 weights (blocks
   of 32 inputs, w = q d + m) come back with their own q; the loss is bf16 rounding of scale and zero.
-Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16.
+Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16 (the
+compiled decode attention also keeps queries, scores and weights in float32).
 `step` takes the pool's caches and the rows' slots instead of `Transformer.forward`'s gathered caches.
 """
 from __future__ import annotations
