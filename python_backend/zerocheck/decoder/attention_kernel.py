@@ -163,16 +163,21 @@ def warm_up() -> None:
                          np.zeros((rows, heads * head_dim), np.int16), heads, kv_heads)
 
 
+def step_loop(lengths: np.ndarray, kv_heads: int):
+    """The loop for a step of rows with these lengths (PARALLEL_WORK): `_attend_parallel` or `_attend_serial`,
+    both called as `decode_attention` calls them, with the scale head_dim ** -0.5 as a float32 last."""
+    work = kv_heads * int(lengths.sum() + len(lengths))
+    return _attend_parallel if work >= PARALLEL_WORK and len(lengths) * kv_heads > 1 else _attend_serial
+
+
 def decode_attention(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray, lengths: np.ndarray,
                      keys: np.ndarray, values: np.ndarray, out: np.ndarray, heads: int, kv_heads: int) -> None:
-    """One layer's attention for a one-token step of B rows (see the module docstring).
+    """One layer's attention for a one-token step of B rows (see the module docstring); a caller that runs
+    every layer of a step picks the loop once with `step_loop`.
 
     qkv: [B, (heads + 2 kv_heads) x D] bfloat16 bits (int16; queries, keys, values as projected, before
     rotation); cos, sin: [B, D] float32 angles of each row's position; slots, lengths: [B] int64 (the
     new token's position is lengths[b]); keys, values: one layer's [S, Hkv, max_seq_len, D] pool, bits;
     out: [B, heads x D] bits, written."""
-    head_dim = keys.shape[3]
-    scale = np.float32(head_dim ** -0.5)
-    work = kv_heads * int(lengths.sum() + len(lengths))
-    run = _attend_parallel if work >= PARALLEL_WORK and len(lengths) * kv_heads > 1 else _attend_serial
-    run(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads, scale)
+    step_loop(lengths, kv_heads)(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv_heads,
+                                 np.float32(keys.shape[3] ** -0.5))

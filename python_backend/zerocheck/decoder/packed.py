@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -192,15 +193,16 @@ class _CompiledAttention:
         self.cos, self.sin = (angle.reshape(rows, config.head_dim).numpy() for angle in angles)
         self.slots, self.lengths = slots.numpy(), lengths.numpy()
         self.keys, self.values = attention_kernel.as_bits(keys), attention_kernel.as_bits(values)
+        self.loop = attention_kernel.step_loop(self.lengths, self.kv_heads)  # once for every layer
+        self.scale = np.float32(config.head_dim**-0.5)
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
         """qkv: [B, 1, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, 1, H x D] bfloat16."""
         rows = qkv.shape[0]
         attended = qkv.new_empty(rows, 1, self.width)
-        attention_kernel.decode_attention(
-            attention_kernel.as_bits(qkv.reshape(rows, -1)), self.cos, self.sin, self.slots, self.lengths,
-            self.keys[layer], self.values[layer], attention_kernel.as_bits(attended.view(rows, self.width)),
-            self.heads, self.kv_heads)
+        self.loop(attention_kernel.as_bits(qkv.reshape(rows, -1)), self.cos, self.sin, self.slots, self.lengths,
+                  self.keys[layer], self.values[layer], attention_kernel.as_bits(attended.view(rows, self.width)),
+                  self.heads, self.kv_heads, self.scale)
         return attended
 
 
