@@ -36,8 +36,10 @@ def module_inputs(pool: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor,
     return tokens, lengths[:, None] + steps, torch.cat([past_visible, new_visible], -1), counts - 1, keys, values
 
 
-STEPS = {"mixed": ([1, 4, 2], False),  # new tokens per row; the compiled decode attention (one-token steps)
-         "decode": ([1, 1, 1], True)}
+STEPS = {"mixed": ([1, 4, 2], False),  # new tokens per row; the compiled kernels (numba)
+         "mixed-compiled": ([1, 4, 2], True),  # compiled layer glue, torch's attention
+         "decode": ([1, 1, 1], False),
+         "decode-compiled": ([1, 1, 1], True)}  # compiled decode attention and layer glue
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q/k/v biases
@@ -45,7 +47,7 @@ STEPS = {"mixed": ([1, 4, 2], False),  # new tokens per row; the compiled decode
 @pytest.mark.parametrize("step", STEPS)
 def test_packed_step_is_the_module_step_within_bf16_rounding(model_type: str, slots: list[int], step: str) -> None:
     """Three rows with 6, 3 and 0 cached positions and 1, 4 and 2 new tokens (torch's attention), or one
-    each (the compiled decode attention). The packed step's logits and the keys/values it writes into the
+    each (the compiled decode attention with `compiled`), in torch ops or with the compiled layer glue. The packed step's logits and the keys/values it writes into the
     pool are no further from the same (bf16-valued) weights run in float32 than the bf16 module's own:
     same numerics, only the rounding order differs (the kernel keeps queries, scores and weights in
     float32 where the module rounds them to bf16)."""
@@ -64,7 +66,7 @@ def test_packed_step_is_the_module_step_within_bf16_rounding(model_type: str, sl
         module = model(*inputs)
         exact = tiny_model(model_type).float()(*inputs[:4], *(cache.float() for cache in inputs[4:]))
     before = [cache.clone() for cache in pool]
-    logits = PackedTransformer(model, compiled_attention=compiled).step(tokens, counts, lengths, slot_ids, *pool)
+    logits = PackedTransformer(model, compiled=compiled).step(tokens, counts, lengths, slot_ids, *pool)
     assert logits.dtype == torch.float32
     errors = {"packed": [(logits - exact[0]).abs().max().item()], "module": [(module[0] - exact[0]).abs().max().item()]}
     for b, c in enumerate(counts.tolist()):

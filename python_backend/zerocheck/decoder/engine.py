@@ -335,10 +335,10 @@ def load_decoder(
                       "layer widths are not multiples of 32: one-row steps use the bf16 weights")
             compiled = attention_kernel.available()
             if not compiled:
-                print("decoder: numba is not installed; one-token steps attend with torch's matmuls (slower)")
-            step_fn = PackedTransformer(model, int4_single_row=int4, compiled_attention=compiled)
+                print("decoder: numba is not installed; attention and the layers' glue run as torch ops (slower)")
+            step_fn = PackedTransformer(model, int4_single_row=int4, compiled=compiled)
             kernels = ("packed oneDNN bf16 weights" + (", int4 weights for one-row steps" if int4 else "")
-                       + (", compiled decode attention" if compiled else ""))
+                       + (", compiled decode attention and layer glue" if compiled else ""))
         else:
             if device == "cpu" and dtype == "bf16":
                 print("decoder: this torch cannot pack bf16 weights for oneDNN; running the module's forward (slower)")

@@ -8,13 +8,15 @@ step). Here:
   packing torch.compile's freezing pass uses), so each GEMM is one AMX / AVX512-BF16 call;
 - the KV cache pool is read and written in place: new keys and values go straight into the rows' slots
   (the gather of every row's past into a batch copy was 24 % of the served decoder's time at 32 streams);
-- one-token steps (decode) attend with `attention_kernel.decode_attention` (`compiled_attention`): one
+- with numba (`compiled`), one-token steps (decode) attend with `attention_kernel.decode_attention`: one
   numba call a layer rotates, stores and attends for every row over its own positions only (measured at
   32 rows, 110 positions: 74-78 -> 49-50 ms a step; at one row 24.7 -> 11.5 ms, the ~20 torch ops a
   layer it replaces cost more to dispatch than their arithmetic); longer steps (prefill), and decode
   without numba, use the module's grouped-query matmuls (its fp32 softmax) over the slots as a view, one
   additive float32 attention bias per step serving all layers (faster than the fused SDPA kernel: 0.17
   vs 1.8 ms a layer at 32 rows);
+- with numba, every step's residual adds, norms and activation are `layer_kernel` calls, three a layer
+  in place of ~25 torch ops (one-row int4 step: 10.5-11.6 -> 8.9-9.9 ms);
 - optionally (`int4_single_row`), steps of one row and one token use int4 copies of the layers' weights
   (groups of INT4_GROUP inputs, torch's `_weight_int4pack_mm_for_cpu`): such a step reads its weights from
   memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
@@ -32,7 +34,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from zerocheck.decoder import attention_kernel
+from zerocheck.decoder import attention_kernel, layer_kernel
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import Transformer, apply_rotary, rotary_cos_sin
 
@@ -94,8 +96,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 @dataclass(frozen=True)
 class _Layer:
-    input_norm: torch.Tensor
-    post_attention_norm: torch.Tensor
     qkv: torch.Tensor  # packed [q; k; v]
     qkv_bias: torch.Tensor | None  # Qwen2's attention bias, [q; k; v]
     o: torch.Tensor
@@ -108,30 +108,33 @@ class PackedTransformer:
     """`model`'s step with packed bf16 weights (and int4 copies for one-row steps with `int4_single_row`);
     `model` keeps only the embedding and rotary frequencies."""
 
-    def __init__(self, model: Transformer, int4_single_row: bool = False, compiled_attention: bool = False) -> None:
-        """compiled_attention: one-token steps attend with `attention_kernel.decode_attention` (numba)."""
+    def __init__(self, model: Transformer, int4_single_row: bool = False, compiled: bool = False) -> None:
+        """compiled: numba kernels for one-token steps' attention (`attention_kernel`) and every step's norms,
+        residual adds and activation (`layer_kernel`)."""
         if not packing_available():
             raise RuntimeError("PackedTransformer needs torch with oneDNN and a CPU with bf16 instructions")
         config = model.config
         if int4_single_row and not int4_supported(config):
             raise ValueError(f"int4 weights need torch's CPU int4 GEMM and layer widths that are multiples of "
                              f"{INT4_GROUP} (hidden {config.hidden_size}, intermediate {config.intermediate_size})")
-        if compiled_attention and not attention_kernel.available():
-            raise ValueError("compiled_attention needs numba")
-        self.compiled_attention = compiled_attention
-        if compiled_attention:
+        if compiled and not attention_kernel.available():
+            raise ValueError("compiled kernels need numba")
+        self.compiled = compiled
+        if compiled:
             attention_kernel.warm_up()
+            layer_kernel.warm_up()
         self.config, self.eps, self.inv_freq = config, config.rms_norm_eps, model.inv_freq
         self.embedding = model.embed_tokens.weight.detach().to(torch.bfloat16)
         self.layers = []
+        self.norms: list[torch.Tensor] = []  # each layer's input and post-attention norms, then the final norm
         for layer in model.layers:
             attention, mlp = layer.self_attn, layer.mlp
             projections = (attention.q_proj, attention.k_proj, attention.v_proj)
             qkv = torch.cat([p.weight for p in projections])
             gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            self.norms += [norm.weight.detach().to(torch.bfloat16)
+                           for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
             self.layers.append(_Layer(
-                input_norm=layer.input_layernorm.weight.detach().to(torch.bfloat16),
-                post_attention_norm=layer.post_attention_layernorm.weight.detach().to(torch.bfloat16),
                 qkv=_pack(qkv),
                 qkv_bias=torch.cat([p.bias for p in projections]).detach().to(torch.bfloat16)
                 if config.attention_bias else None,
@@ -141,7 +144,8 @@ class PackedTransformer:
                 int4=tuple(_pack_int4(w) for w in (qkv, attention.o_proj.weight, gate_up, mlp.down_proj.weight))
                 if int4_single_row else None,
             ))
-        self.norm = model.norm.weight.detach().to(torch.bfloat16)
+        self.norms.append(model.norm.weight.detach().to(torch.bfloat16))
+        self.norm_bits = [attention_kernel.as_bits(norm) for norm in self.norms] if compiled else None
         self.lm_head = _pack(model.lm_head.weight)
 
     @torch.no_grad()
@@ -155,32 +159,83 @@ class PackedTransformer:
         positions lengths[b] .. lengths[b] + counts[b] - 1 of its slot (the caller then advances its length;
         a forward that fails leaves them past the length, unseen), and every query attends to its slot's
         first lengths[b] + t + 1 positions. Returns the logits [B, V] float32 at each row's last real token.
-        One-token steps attend with the compiled kernel when `compiled_attention`, other steps with torch.
+        With `compiled`, one-token steps attend with the compiled kernel (other steps with torch) and every
+        step's glue between the GEMMs is `layer_kernel`'s.
         """
         b, t = tokens.shape
         positions = lengths[:, None] + torch.arange(t)
         angles = rotary_cos_sin(positions, self.inv_freq)
-        if self.compiled_attention and t == 1:
+        if self.compiled and t == 1:
             attend = _CompiledAttention(self.config, angles, lengths, slots, keys, values)
         else:
             attend = _TorchAttention(self.config, angles, counts, lengths, slots, keys, values)
+        glue = _CompiledGlue(self, b * t) if self.compiled else _TorchGlue(self)
         single = b * t == 1
         x = F.embedding(tokens, self.embedding)
+        normed = glue.norm(x, 0)
         for i, layer in enumerate(self.layers):
             if single and layer.int4 is not None:
                 linear, (qkv_weight, o_weight, gate_up_weight, down_weight) = _linear_int4, layer.int4
             else:
                 linear, qkv_weight, o_weight, gate_up_weight, down_weight = (
                     _linear, layer.qkv, layer.o, layer.gate_up, layer.down)
-            qkv = linear(_rms_norm(x, layer.input_norm, self.eps), qkv_weight)
+            qkv = linear(normed, qkv_weight)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            x = x + linear(attend(i, qkv), o_weight)
-            gate, up = linear(_rms_norm(x, layer.post_attention_norm, self.eps), gate_up_weight).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, down_weight)
-        index = (counts - 1).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
-        last_hidden = torch.gather(x, 1, index).squeeze(1)
-        return _linear(_rms_norm(last_hidden, self.norm, self.eps), self.lm_head).to(torch.float32)
+            x, normed = glue.add_norm(x, linear(attend(i, qkv), o_weight), 2 * i + 1)
+            activated = glue.silu_mul(linear(normed, gate_up_weight))
+            x, normed = glue.add_norm(x, linear(activated, down_weight), 2 * i + 2)  # the next layer's or the final norm
+        index = (counts - 1).view(-1, 1, 1).expand(-1, 1, normed.shape[-1])
+        return _linear(torch.gather(normed, 1, index).squeeze(1), self.lm_head).to(torch.float32)
+
+
+class _TorchGlue:
+    """A step's norms, residual adds and activation in torch ops (`_rms_norm`, `+`, `F.silu`), new tensors."""
+
+    def __init__(self, model: PackedTransformer) -> None:
+        self.norms, self.eps = model.norms, model.eps
+
+    def norm(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        return _rms_norm(x, self.norms[k], self.eps)
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm with the k-th norm weights)."""
+        x = x + delta
+        return x, _rms_norm(x, self.norms[k], self.eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class _CompiledGlue:
+    """`_TorchGlue`'s operations as `layer_kernel` calls, one each for all of a step's `rows` (tokens): the
+    residual stream is updated in place, and the norm and the activation are written into buffers of the
+    step that each next GEMM reads before they are written again."""
+
+    def __init__(self, model: PackedTransformer, rows: int) -> None:
+        config = model.config
+        self.norm_bits, self.eps, self.hidden = model.norm_bits, model.eps, config.hidden_size
+        self.normed = torch.empty(rows, config.hidden_size, dtype=torch.bfloat16)
+        self.activated = torch.empty(rows, config.intermediate_size, dtype=torch.bfloat16)
+        self.normed_bits = attention_kernel.as_bits(self.normed)
+        self.activated_bits = attention_kernel.as_bits(self.activated)
+        self.x_bits = None
+
+    def norm(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """The first norm; `x` (a fresh [B, T, H] tensor) becomes the residual stream, updated in place."""
+        self.x_bits = attention_kernel.as_bits(x.view(-1, self.hidden))
+        layer_kernel.rms_norm(self.x_bits, self.norm_bits[k], self.eps, self.normed_bits)
+        return self.normed.view(x.shape)
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer_kernel.add_rms_norm(self.x_bits, attention_kernel.as_bits(delta.reshape(-1, self.hidden)),
+                                  self.norm_bits[k], self.eps, self.normed_bits)
+        return x, self.normed.view(x.shape)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        layer_kernel.silu_mul(attention_kernel.as_bits(gate_up.reshape(-1, gate_up.shape[-1])), self.activated_bits)
+        return self.activated.view(*gate_up.shape[:-1], -1)
 
 
 class _CompiledAttention:

@@ -1,0 +1,139 @@
+"""Compiled (numba) glue between a layer's GEMMs: the residual add with the next RMSNorm, and SiLU(gate) x up,
+each one call for every row of a step, on bfloat16 bits (int16 views, `attention_kernel.as_bits`).
+
+At one row a layer's norms, residual adds and activation are ~25 small torch ops, each dearer to dispatch
+than its arithmetic (profiler, one-row int4 step: ~3 ms of 10.5 in them, the int4 GEMMs 3.8, lm_head 2.4).
+The numerics are the module's (`PackedTransformer`'s torch path), rounding to bfloat16 (to nearest even) at
+the same points:
+- `add_rms_norm`: x <- bf16(x + delta); out <- bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), the mean in float32;
+- `rms_norm`: the same without the add (a step's first layer);
+- `silu_mul`: out <- bf16(bf16(silu(gate)) * up) for gate_up = [gate | up].
+Sums run in another order than torch's and exp is `zerocheck.jit.exp_parts` (within 2 ulp), so a value can
+land one bfloat16 step away from torch's, rarely (tests/test_layer_kernel.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernels run)
+
+_F = np.float32
+
+
+def _widen_row(bits, out):
+    """bfloat16 bits (int16) -> float32 into `out`."""
+    wide = out.view(np.uint32)
+    for d in range(bits.shape[0]):
+        wide[d] = np.uint32(np.uint16(bits[d])) << 16
+
+
+def _round(values):
+    """float32 `values` rounded to bfloat16 (to nearest even) in place, kept as float32."""
+    wide = values.view(np.uint32)
+    for d in range(values.shape[0]):
+        w = wide[d]
+        wide[d] = (w + np.uint32(0x7FFF) + ((w >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
+def _store(values, bits):
+    """float32 `values` already rounded to bfloat16 (`_round`) -> their bits (int16) into `bits`."""
+    wide = values.view(np.uint32)
+    for d in range(bits.shape[0]):
+        bits[d] = np.int16(np.uint16(wide[d] >> 16))
+
+
+def _normalise(x, weight, eps, scratch, widened, out):
+    """out <- bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))) for one row x (float32, bf16 values);
+    scratch, widened: float32 rows."""
+    total = _F(0.0)
+    for d in range(x.shape[0]):
+        total += x[d] * x[d]
+    inverse = _F(1.0) / np.sqrt(total / _F(x.shape[0]) + eps)
+    for d in range(x.shape[0]):
+        scratch[d] = x[d] * inverse
+    _round(scratch)
+    _widen_row(weight, widened)
+    for d in range(x.shape[0]):
+        scratch[d] *= widened[d]
+    _round(scratch)
+    _store(scratch, out)
+
+
+def _rms_norm(x, weight, eps, out):
+    hidden = x.shape[1]
+    row = np.empty(hidden, np.float32)
+    scratch = np.empty(hidden, np.float32)
+    widened = np.empty(hidden, np.float32)
+    for n in range(x.shape[0]):
+        _widen_row(x[n], row)
+        _normalise(row, weight, eps, scratch, widened, out[n])
+
+
+def _add_rms_norm(x, delta, weight, eps, out):
+    hidden = x.shape[1]
+    row = np.empty(hidden, np.float32)
+    other = np.empty(hidden, np.float32)
+    scratch = np.empty(hidden, np.float32)
+    for n in range(x.shape[0]):
+        _widen_row(x[n], row)
+        _widen_row(delta[n], other)
+        for d in range(hidden):
+            row[d] += other[d]
+        _round(row)
+        _store(row, x[n])
+        _normalise(row, weight, eps, scratch, other, out[n])
+
+
+def _silu_mul(gate_up, out):
+    width = out.shape[1]
+    gate = np.empty(width, np.float32)
+    up = np.empty(width, np.float32)
+    mantissas = np.empty(width, np.float32)
+    powers = np.empty(width, np.int32)
+    scale = powers.view(np.float32)
+    for n in range(out.shape[0]):
+        _widen_row(gate_up[n, :width], gate)
+        _widen_row(gate_up[n, width:], up)
+        for d in range(width):
+            mantissas[d], powers[d] = exp_parts(min(max(-gate[d], EXP_FLOOR), -EXP_FLOOR))
+        for d in range(width):
+            gate[d] = gate[d] / (_F(1.0) + mantissas[d] * scale[d])
+        _round(gate)
+        for d in range(width):
+            gate[d] *= up[d]
+        _round(gate)
+        _store(gate, out[n])
+
+
+if numba is not None:
+    _FAST = {"reassoc", "nsz", "contract", "arcp", "afn"}
+    _widen_row = numba.njit(inline="always", cache=True)(_widen_row)
+    _round = numba.njit(inline="always", cache=True)(_round)
+    _store = numba.njit(inline="always", cache=True)(_store)
+    _normalise = numba.njit(inline="always", cache=True, fastmath=_FAST)(_normalise)
+    _rms_norm = numba.njit(cache=True)(_rms_norm)
+    _add_rms_norm = numba.njit(cache=True, fastmath=_FAST)(_add_rms_norm)
+    _silu_mul = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_silu_mul)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """x: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
+    _rms_norm(x, weight, np.float32(eps), out)
+
+
+def add_rms_norm(x: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """x: [N, H] bits, x + delta written back; delta: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
+    _add_rms_norm(x, delta, weight, np.float32(eps), out)
+
+
+def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
+    """gate_up: [N, 2 I] bits ([gate | up]); out: [N, I] bits, written."""
+    _silu_mul(gate_up, out)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) the three kernels with a step's argument types."""
+    bits = np.zeros((1, 4), np.int16)
+    rms_norm(bits, bits[0], 1e-5, bits.copy())
+    add_rms_norm(bits.copy(), bits, bits[0], 1e-5, bits.copy())
+    silu_mul(bits, np.zeros((1, 2), np.int16))
