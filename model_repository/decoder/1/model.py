@@ -8,11 +8,9 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from zerocheck.decoder import load_decoder
-from zerocheck.decoder.service import DecoderService, StepRows
-from zerocheck.sampling.cuda_graph import make_sampler
 from zerocheck.triton.config import DecoderParameters, ModelConfig, parameters
 from zerocheck.triton.metrics import DeferredMetrics
+from zerocheck.triton.openmp import set_spin_count
 from zerocheck.triton.tensors import error_response
 from zerocheck.wire.sampling import SAMPLER_INPUTS
 from zerocheck.wire.step import DECODER_INPUTS, parse_step, row_errors
@@ -21,12 +19,13 @@ INPUTS = frozenset(spec.name for spec in DECODER_INPUTS)
 EXPORTS = tuple(spec.name for spec in SAMPLER_INPUTS)
 
 
-def parse(request, vocab_size: int) -> StepRows:
+def parse(request, vocab_size: int, step_rows: type):
+    """The request as a `zerocheck.decoder.service.StepRows` (`step_rows`: that class, imported in initialize)."""
     steps = parse_step({tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in INPUTS},
                        vocab_size)
     wanted = set(request.requested_output_names())
-    return StepRows(steps, want_token="output_id" in wanted, want_logits="logits" in wanted,
-                    exports=tuple(name for name in EXPORTS if name in wanted))
+    return step_rows(steps, want_token="output_id" in wanted, want_logits="logits" in wanted,
+                     exports=tuple(name for name in EXPORTS if name in wanted))
 
 
 def respond(answer) -> object:
@@ -40,6 +39,13 @@ class TritonPythonModel:
     def initialize(self, args):
         config = ModelConfig(args)
         params = parameters(DecoderParameters, config)
+        # the decoder's own OpenMP spin count, before the imports below load torch (and with it libgomp)
+        set_spin_count(params.omp_spin_count)
+        from zerocheck.decoder import load_decoder
+        from zerocheck.decoder.service import DecoderService, StepRows
+        from zerocheck.sampling.cuda_graph import make_sampler
+
+        self.step_rows = StepRows
         engine = load_decoder(config.artifacts_dir(), backend=params.backend, max_slots=params.max_slots,
                               max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
                               num_threads=params.num_threads or None, fail_token=params.test_fail_token,
@@ -76,7 +82,7 @@ class TritonPythonModel:
         responses, parsed, indices = [None] * len(requests), [], []
         for i, request in enumerate(requests):
             try:
-                parsed.append(parse(request, self.service.engine.vocab_size))
+                parsed.append(parse(request, self.service.engine.vocab_size, self.step_rows))
                 indices.append(i)
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)

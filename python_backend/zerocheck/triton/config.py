@@ -113,6 +113,7 @@ class DecoderParameters:
     max_seq_len: int  # 0: the build's
     idle_timeout_s: float
     num_threads: int  # 0: onnxruntime's / torch's own choice
+    omp_spin_count: int  # GOMP_SPINCOUNT of the decoder's process (`zerocheck.triton.openmp`); 0: the server's
     metrics_interval_s: float
     test_fail_token: int = -1  # test-only: a forward whose tokens hold it raises
     test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
@@ -121,7 +122,8 @@ class DecoderParameters:
         _at_least(1, max_slots=self.max_slots)
         _at_least(0, prefix_cache_tokens=self.prefix_cache_tokens, max_seq_len=self.max_seq_len,
                   idle_timeout_s=self.idle_timeout_s, num_threads=self.num_threads,
-                  metrics_interval_s=self.metrics_interval_s, test_delay_ms=self.test_delay_ms)
+                  omp_spin_count=self.omp_spin_count, metrics_interval_s=self.metrics_interval_s,
+                  test_delay_ms=self.test_delay_ms)
 
 
 @dataclass(frozen=True)
