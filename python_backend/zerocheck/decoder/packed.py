@@ -250,15 +250,16 @@ class _CompiledAttention:
         self.keys, self.values = attention_kernel.as_bits(keys), attention_kernel.as_bits(values)
         self.loop = attention_kernel.step_loop(self.lengths, self.kv_heads)  # once for every layer
         self.scale = np.float32(config.head_dim**-0.5)
+        # one output for every layer: o_proj reads it before the next layer's call writes it again
+        self.attended = torch.empty(rows, 1, self.width, dtype=torch.bfloat16)
+        self.attended_bits = attention_kernel.as_bits(self.attended.view(rows, self.width))
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv: [B, 1, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, 1, H x D] bfloat16."""
-        rows = qkv.shape[0]
-        attended = qkv.new_empty(rows, 1, self.width)
-        self.loop(attention_kernel.as_bits(qkv.reshape(rows, -1)), self.cos, self.sin, self.slots, self.lengths,
-                  self.keys[layer], self.values[layer], attention_kernel.as_bits(attended.view(rows, self.width)),
-                  self.heads, self.kv_heads, self.scale)
-        return attended
+        """qkv: [B, 1, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, 1, H x D] bfloat16 (the step's buffer)."""
+        self.loop(attention_kernel.as_bits(qkv.reshape(qkv.shape[0], -1)), self.cos, self.sin, self.slots,
+                  self.lengths, self.keys[layer], self.values[layer], self.attended_bits, self.heads, self.kv_heads,
+                  self.scale)
+        return self.attended
 
 
 class _TorchAttention:
