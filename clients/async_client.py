@@ -77,7 +77,7 @@ class AsyncClient(ClientSettings):
         try:
             while True:
                 try:
-                    attempt, item = await asyncio.wait_for(arrived.get(), state.wait_s())
+                    attempt, item = await _get(arrived, state.wait_s())
                 except asyncio.TimeoutError:
                     launch(state.on_timer())
                     continue
@@ -95,6 +95,20 @@ class AsyncClient(ClientSettings):
             for task in running.values():
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+
+async def _get(queue: asyncio.Queue, timeout_s: float | None):
+    """`queue.get()` within timeout_s (asyncio.TimeoutError after it). Not `asyncio.wait_for`: before Python
+    3.12 it returns the item when the caller's cancellation arrives as the item does, and the cancellation is
+    lost (the stream then runs on to its end); here it is raised (the item is dropped with the stream)."""
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout_s)
+    finally:
+        getter.cancel()  # nothing when it is done
+    if not done:
+        raise asyncio.TimeoutError
+    return getter.result()
 
 
 async def _result(stream: AsyncIterator[TokenEvent]) -> GenerateResult:

@@ -91,3 +91,25 @@ def test_hedge_answers_a_slow_request(late_server: LateServer, triton_server: Tr
     # without a hedge the first attempt waits out the delay, then answers the same tokens
     slow = Client(url, protocol, timeout=30).generate(PROMPT, **GREEDY)
     assert not slow.hedged and slow.ttft_s >= 3.0 and slow.token_ids == expected
+
+
+def test_a_cancellation_that_arrives_with_the_next_item_is_not_lost() -> None:
+    """The stream's wait for its next item: cancelled in the same loop turn as the item arrives, the
+    consumer is cancelled (asyncio.wait_for before Python 3.12 returned the item and dropped the cancellation,
+    so a cancelled stream ran on to its end: seen as a flaky test_cancelling_the_task_frees_the_slot)."""
+    from zerocheck.clients.async_client import _get
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        waiter = asyncio.create_task(_get(queue, 5.0))
+        await asyncio.sleep(0)  # the waiter is now waiting on the queue
+        queue.put_nowait("item")
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert waiter.cancelled()
+        with pytest.raises(asyncio.TimeoutError):
+            await _get(queue, 0.01)  # the item went with the cancelled wait; an empty queue times out
+        queue.put_nowait("next")
+        assert await _get(queue, None) == "next"
+
+    asyncio.run(main())
