@@ -38,7 +38,8 @@ def mixed_params(batch: int, seed: int) -> list[SamplingParams]:
              SamplingParams(top_k=10, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2,
                             bad_words=((3,), (5, 9))),
              SamplingParams(top_k=50, logit_bias=((7, 4.0), (11, -100.0))),
-             SamplingParams(), SamplingParams(temperature=0.8, min_p=0.05, repetition_penalty=1.1)]  # dense rows
+             SamplingParams(), SamplingParams(temperature=0.8, min_p=0.05, repetition_penalty=1.1),
+             SamplingParams(top_p=0.9, temperature=0.7)]  # dense rows (the last: top-p in the dense graph)
     return [replace(kinds[b % len(kinds)], seed=seed + b) for b in range(batch)]
 
 

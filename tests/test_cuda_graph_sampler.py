@@ -92,11 +92,53 @@ def test_default_rows_replay_the_dense_step(cuda_graph, mix: str) -> None:
     assert int(out.tokens[0]) == 17  # +inf: all the mass
 
 
-def test_top_p_rows_without_top_k_run_eager(cuda_graph) -> None:
-    sampler = cuda_graph.CudaGraphSampler(1000, 4, device="cpu")
-    logits, params = torch.randn(2, 1000), [SamplingParams(top_p=0.9, seed=1), SamplingParams(top_k=5, seed=2)]
+@pytest.mark.parametrize("vocab", [1000, 40000])  # 40000: past the group pre-filter's width
+def test_top_p_rows_without_top_k_replay_the_dense_step(cuda_graph, vocab: int) -> None:
+    """Top-p rows without top-k (with temperature, min-p, penalties; beside top-k and greedy rows) are drawn
+    by the graph's dense step, whose static threshold gives the eager sampler's tokens, step after step."""
+    sampler = cuda_graph.CudaGraphSampler(vocab, 8, device="cpu")
+    params = [SamplingParams(top_p=0.9, seed=1), SamplingParams(top_p=0.5, temperature=0.7, seed=2),
+              SamplingParams(top_p=0.95, min_p=0.02, seed=3),
+              SamplingParams(top_p=0.8, repetition_penalty=1.3, bad_words=((3,),), seed=4),
+              SamplingParams(top_k=5, seed=5), SamplingParams(temperature=0.0)]
+    history = [[3, 5, 9, b] for b in range(len(params))]
+    gen = torch.Generator().manual_seed(4)
+    eager = ZeroCheckSampler()
+    for step in range(5):
+        logits = torch.randn(len(params), vocab, generator=gen) * (1 + step)
+        out = sampler.sample(logits, params, history, step)
+        assert out.tokens.tolist() == eager.sample(logits, params, history, step).tokens.tolist(), step
+    assert (sampler.replays, sampler.eager_calls, sampler.eager_rows) == (5, 0, 0)
+
+
+def test_static_top_p_threshold_is_the_exact_one(cuda_graph) -> None:
+    """`ops.dense_top_p_threshold_static` = `ops.dense_top_p_threshold` (the eager, compacting one) on rows
+    of every shape: spread, peaked, tied, all in one bucket (flagged when past `members`), top_p 1."""
+    from zerocheck.sampling import ops
+    from zerocheck.sampling.workspace import Workspace
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 3000, generator=gen) * torch.tensor([[1.0], [4.0], [10.0], [0.5], [1.0], [2.0]])
+    x[3] = 0.25  # every token in one bucket: 3000 members
+    x[4, :40] = 3.0  # a tie at the top
+    top_p = torch.tensor([0.9, 0.5, 0.99, 0.7, 0.6, 1.0])
+    y = x - x.amax(-1, keepdim=True)
+    w = torch.exp(y)
+    expected = ops.dense_top_p_threshold(y, w, top_p, Workspace())
+    tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, 1024)
+    assert overflow.tolist() == [False, False, False, True, False, False]
+    assert torch.equal(tau[~overflow], expected[~overflow])
+    tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, 3000)
+    assert not overflow.any() and torch.equal(tau, expected)
+
+
+def test_a_top_p_row_past_the_ranked_members_is_redrawn_eager(cuda_graph) -> None:
+    sampler = cuda_graph.CudaGraphSampler(3000, 4, device="cpu")
+    logits = torch.randn(2, 3000)
+    logits[0] = 1.0  # 3000 equal logits: one bucket holds the whole row, past TOP_P_MEMBERS
+    params = [SamplingParams(top_p=0.5, seed=1), SamplingParams(top_p=0.5, seed=2)]
     out = sampler.sample(logits, params)
-    assert (sampler.replays, sampler.eager_calls) == (0, 1)
+    assert (sampler.replays, sampler.eager_calls, sampler.eager_rows) == (1, 0, 1)
     assert out.tokens.tolist() == ZeroCheckSampler().sample(logits, params).tokens.tolist()
 
 
@@ -177,10 +219,12 @@ def test_replays_count_and_ineligible_batches_run_eager(cuda_graph) -> None:
     sampler.sample(logits, [SamplingParams(top_k=5, seed=1)] * 3)
     sampler.sample(logits, [SamplingParams(temperature=0.0)] * 3)
     assert (sampler.replays, sampler.eager_calls) == (2, 0)
-    dense = [SamplingParams(top_p=0.9, seed=2)] * 3  # dense top-p: not graph-eligible
+    dense = [SamplingParams(top_p=0.9, seed=2)] * 3  # dense top-p: the graph's dense step
     out = sampler.sample(logits, dense)
-    assert sampler.eager_calls == 1
+    assert (sampler.replays, sampler.eager_calls) == (3, 0)
     assert torch.equal(out.tokens, ZeroCheckSampler().sample(logits, dense).tokens)
+    out = sampler.sample(logits, [SamplingParams(top_k=100, seed=2)] * 3)  # top-k past max_top_k: eager
+    assert sampler.eager_calls == 1
     tied = logits.clone()
     tied[:, :10] = 50.0  # ties past the top-k candidates: replay, then eager
     out = sampler.sample(tied, [SamplingParams(top_k=3, seed=3)] * 3)

@@ -5,13 +5,14 @@ mid-traffic: capture synchronises and empties the allocator's cache) over static
 [bucket, V] float32 (float16 / bfloat16 logits are converted by the copy in) and per-row parameter
 tensors. Each bucket holds two steps over the same buffers: the candidate step for greedy rows and
 rows with 0 < top_k <= `max_top_k` (top-p and min-p then act on the candidates), and the dense step
-for rows with neither top-k nor top-p (the default: temperature and min-p over whole rows, the
-two-stage race); a batch replays the ones its rows need. Penalties and bans are sparse writes into
-the static logits buffer before replay. A row whose k-th value is tied past the candidates (common
-with bf16 logits) is redrawn alone by the eager `ZeroCheckSampler`, the other rows keep the graph's
-tokens; batches holding a top-p row without top-k (its exact threshold is not capturable) or more
-rows than the largest bucket run eager whole. On a CPU device the same steps run eagerly on the same
-buffers, so the runner's logic is tested without a GPU.
+for rows without top-k (the default: temperature, top-p and min-p over whole rows, the two-stage race;
+top-p's exact threshold by the mass histogram, its crossing bucket ranked by a fixed-size top-k); a batch
+replays the ones its rows need. Penalties and bans are sparse writes into the static logits buffer
+before replay. A row whose k-th value is tied past the candidates (common with bf16 logits), or whose
+top-p crossing bucket holds more than TOP_P_MEMBERS tokens, is redrawn alone by the eager
+`ZeroCheckSampler`, the other rows keep the graph's tokens; batches with a top-k above `max_top_k` or
+more rows than the largest bucket run eager whole. On a CPU device the same steps run eagerly on the
+same buffers, so the runner's logic is tested without a GPU.
 The choice of runner is made once, by `make_sampler`, at load time.
 """
 from __future__ import annotations
@@ -28,6 +29,9 @@ from .params import SamplingParamError, SamplingParams
 from .zero_check import SampleOutput, ZeroCheckSampler, finish, resolve_posinf
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# tokens of a top-p row's crossing mass bucket (1/128 of a logit wide) the dense step ranks; a row with more
+# is redrawn eagerly
+TOP_P_MEMBERS = 1024
 
 
 def buckets_up_to(max_batch_size: int) -> list[int]:
@@ -57,16 +61,22 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
     return tokens, top, tied
 
 
-def dense_step(x: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, keys: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Static-shape dense draw with no host sync (capturable): temperature and min-p over whole rows,
-    then the two-stage race, the eager sampler's dense path for rows without top-k or top-p, op for op.
-    Returns tokens [R] int64 and row max [R] float32 (rows that are not finite are resolved after)."""
+def dense_step(x: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+               keys: torch.Tensor, members: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Static-shape dense draw with no host sync (capturable): temperature, top-p
+    (`ops.dense_top_p_threshold_static`, its crossing bucket ranked `members` deep) and min-p over whole rows,
+    then the two-stage race: the eager sampler's dense path for rows without top-k, op for op. Returns tokens
+    [R] int64, row max [R] float32 (rows that are not finite are resolved after) and [R] bool top-p rows whose
+    crossing bucket held more than `members` tokens (those need the eager sampler)."""
     top = x.amax(-1)
     shift = torch.where(torch.isfinite(top), top, 0.0)
     y = (x - shift.unsqueeze(1)).mul_((1.0 / temperature).unsqueeze(1))
-    w = torch.exp(y).masked_fill_(y < torch.log(min_p).unsqueeze(1), 0.0)
-    return ops.race_draw_dense(y, w, keys), top
+    w = torch.exp(y)
+    tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, members)
+    nucleus = top_p < 1.0
+    lower = torch.maximum(torch.log(min_p), torch.where(nucleus, tau, -math.inf))
+    w.masked_fill_(y < lower.unsqueeze(1), 0.0)
+    return ops.race_draw_dense(y, w, keys), top, overflow & nucleus
 
 
 def same_device(runner: torch.device, tensor: torch.device) -> bool:
@@ -114,8 +124,7 @@ class CudaGraphSampler:
     def _eligible(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> bool:
         return (same_device(self.device, logits.device) and logits.dim() == 2 and logits.shape[1] == self.vocab_size
                 and logits.dtype in FLOAT_DTYPES and len(params) <= self.buckets[-1]
-                and all(p.is_greedy or 0 < p.top_k <= self.max_top_k or (p.top_k == 0 and p.top_p == 1.0)
-                        for p in params))
+                and all(p.is_greedy or 0 <= p.top_k <= self.max_top_k for p in params))
 
     def _capture(self, bucket: int) -> _Body:
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -133,7 +142,8 @@ class CudaGraphSampler:
             return candidate_step(**inputs, width=self.width)
 
         def dense() -> tuple[torch.Tensor, ...]:
-            return dense_step(inputs["x"], inputs["temperature"], inputs["min_p"], inputs["keys"])
+            return dense_step(inputs["x"], inputs["temperature"], inputs["top_p"], inputs["min_p"], inputs["keys"],
+                              TOP_P_MEMBERS)
 
         return _Body(inputs, self._capture_step(candidate), self._capture_step(dense))
 
@@ -194,7 +204,7 @@ class CudaGraphSampler:
             dense = torch.tensor(dense_rows, device=self.device)
             tokens = torch.where(dense, body.dense.outputs[0][:batch.size], tokens)
             row_max = torch.where(dense, body.dense.outputs[1][:batch.size], row_max)
-            tied &= ~dense
+            tied = torch.where(dense, body.dense.outputs[2][:batch.size], tied)
         resolve_posinf(static_x, tokens, row_max, batch)
         if edits is not None:
             edits.restore(static_x)

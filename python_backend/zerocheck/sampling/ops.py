@@ -116,6 +116,43 @@ def top_p_cutoff_sorted(y_sorted: torch.Tensor, keep: torch.Tensor, top_p: torch
     return torch.where(top_p >= 1.0, -math.inf, tau)
 
 
+def _crossing_bucket(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor, scaled: torch.Tensor, bucket: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1 and 2 of `dense_top_p_threshold` (static shapes, no host sync). scaled, bucket: [R, V] float32 and
+    int64 scratch. Returns each token's bucket [R, V], the bucket where top_p of the row's mass is crossed
+    [R, 1], the mass of the buckets above it [R] and the target mass [R, 1] (float64)."""
+    torch.mul(y, -HIST_BUCKETS / HIST_RANGE, out=scaled)
+    bucket.copy_(scaled.clamp_(0, HIST_BUCKETS - 1))
+    mass = torch.zeros(y.shape[0], HIST_BUCKETS, dtype=torch.float32, device=y.device).scatter_add_(1, bucket, w)
+    cum = mass.double().cumsum(-1)
+    target = top_p.double().unsqueeze(-1) * cum[:, -1:]
+    boundary = torch.searchsorted(cum, target).clamp_(max=HIST_BUCKETS - 1)
+    before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0).squeeze(1)
+    return bucket, boundary, before, target
+
+
+def dense_top_p_threshold_static(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor, members: int
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dense_top_p_threshold` with static shapes and no host sync (a CUDA graph can hold it): the crossing
+    bucket's members are ranked by a top-`members` of the row's values in that bucket instead of being
+    compacted with `nonzero`. Returns tau [R] float32 and overflow [R] bool: rows whose crossing bucket holds
+    more than `members` tokens, whose tau may be wrong (the caller draws them otherwise)."""
+    members = min(members, y.shape[1])
+    bucket, boundary, before, target = _crossing_bucket(y, w, top_p, torch.empty_like(y),
+                                                        torch.empty(y.shape, dtype=torch.int64, device=y.device))
+    inside = bucket == boundary
+    count = inside.sum(-1)
+    ranked = torch.topk(torch.where(inside, y, -math.inf), members, dim=-1).values  # [R, members], descending
+    # as `dense_top_p_threshold`: the exact crossing member; past the last member (rounding), the last one
+    running = before.unsqueeze(1) + torch.exp(ranked.double()).cumsum(-1)
+    position = torch.arange(members, device=y.device)
+    crossed = (running >= target) & (position < count.unsqueeze(1))
+    first = torch.where(crossed, position, members).amin(-1)
+    cut = torch.where(first == members, (count - 1).clamp(0, members - 1), first)
+    tau = ranked.gather(1, cut.unsqueeze(1)).squeeze(1)
+    return torch.where(count > 0, tau, -math.inf), count > members
+
+
 def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor, workspace: Workspace) -> torch.Tensor:
     """Exact, sort-free top-p threshold over whole rows (a radix-select on probability mass).
 
@@ -130,13 +167,9 @@ def dense_top_p_threshold(y: torch.Tensor, w: torch.Tensor, top_p: torch.Tensor,
     Bucket masses are float32 sums, as precise as the checked chain's float32 softmax and cumsum.
     """
     rows, vocab = y.shape
-    scaled = torch.mul(y, -HIST_BUCKETS / HIST_RANGE, out=workspace.get("scaled", y.shape, y.dtype, y.device))
-    bucket = workspace.get("bucket", y.shape, torch.int64, y.device).copy_(scaled.clamp_(0, HIST_BUCKETS - 1))
-    mass = torch.zeros(rows, HIST_BUCKETS, dtype=torch.float32, device=y.device).scatter_add_(1, bucket, w)
-    cum = mass.double().cumsum(-1)
-    target = top_p.double().unsqueeze(-1) * cum[:, -1:]
-    boundary = torch.searchsorted(cum, target).clamp_(max=HIST_BUCKETS - 1)  # [R, 1]
-    before = torch.where(boundary > 0, cum.gather(1, (boundary - 1).clamp_(min=0)), 0.0).squeeze(1)
+    bucket, boundary, before, target = _crossing_bucket(
+        y, w, top_p, workspace.get("scaled", y.shape, y.dtype, y.device),
+        workspace.get("bucket", y.shape, torch.int64, y.device))
     inside = torch.eq(bucket, boundary, out=workspace.get("inside", y.shape, torch.bool, y.device))
     member_row, member_col = inside.nonzero(as_tuple=True)  # row-major: grouped by row
     values = y[member_row, member_col]
