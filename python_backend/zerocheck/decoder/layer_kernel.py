@@ -59,28 +59,20 @@ def _normalise(x, weight, eps, scratch, widened, out):
     _store(scratch, out)
 
 
-def _rms_norm(x, weight, eps, out):
-    hidden = x.shape[1]
-    row = np.empty(hidden, np.float32)
-    scratch = np.empty(hidden, np.float32)
-    widened = np.empty(hidden, np.float32)
-    for n in range(x.shape[0]):
-        _widen_row(x[n], row)
-        _normalise(row, weight, eps, scratch, widened, out[n])
-
-
-def _add_rms_norm(x, delta, weight, eps, out):
+def _add_rms_norm(x, delta, weight, eps, out, add):
+    """x <- x + delta when `add` (else x is only read); out <- the norm of x."""
     hidden = x.shape[1]
     row = np.empty(hidden, np.float32)
     other = np.empty(hidden, np.float32)
     scratch = np.empty(hidden, np.float32)
     for n in range(x.shape[0]):
         _widen_row(x[n], row)
-        _widen_row(delta[n], other)
-        for d in range(hidden):
-            row[d] += other[d]
-        _round(row)
-        _store(row, x[n])
+        if add:
+            _widen_row(delta[n], other)
+            for d in range(hidden):
+                row[d] += other[d]
+            _round(row)
+            _store(row, x[n])
         _normalise(row, weight, eps, scratch, other, out[n])
 
 
@@ -111,19 +103,18 @@ if numba is not None:
     _round = numba.njit(inline="always", cache=True)(_round)
     _store = numba.njit(inline="always", cache=True)(_store)
     _normalise = numba.njit(inline="always", cache=True, fastmath=_FAST)(_normalise)
-    _rms_norm = numba.njit(cache=True)(_rms_norm)
     _add_rms_norm = numba.njit(cache=True, fastmath=_FAST)(_add_rms_norm)
     _silu_mul = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_silu_mul)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """x: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
-    _rms_norm(x, weight, np.float32(eps), out)
+    _add_rms_norm(x, x, weight, np.float32(eps), out, False)
 
 
 def add_rms_norm(x: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """x: [N, H] bits, x + delta written back; delta: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
-    _add_rms_norm(x, delta, weight, np.float32(eps), out)
+    _add_rms_norm(x, delta, weight, np.float32(eps), out, True)
 
 
 def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
