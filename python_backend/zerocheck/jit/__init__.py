@@ -1,5 +1,6 @@
 """numba for the package's compiled CPU kernels (`zerocheck.sampling.cpu_kernel`,
-`zerocheck.decoder.attention_kernel`), with one threading layer for all of them, chosen here at import.
+`zerocheck.decoder.attention_kernel`, `zerocheck.decoder.layer_kernel`), with one threading layer for all of
+them, chosen here at import.
 
 OpenMP ("omp", numba's build against the system libgomp) when it loads: its two threads run a parallel
 loop in half the time on 2 cores, where numba's own "workqueue" layer measured 0.7-1.7x the serial time
@@ -8,7 +9,7 @@ as GOMP_SPINCOUNT / OMP_WAIT_POLICY allow (`zerocheck serve` bounds both for eve
 libgomp, workqueue, logged. `numba` is None when numba is not installed (the kernels' callers then run
 their torch paths).
 
-`exp_parts`: the float32 exp both kernels vectorise (inlined into their loops, under their fastmath flags).
+`exp_parts`: the float32 exp the kernels vectorise (inlined into their loops, under their fastmath flags).
 """
 from __future__ import annotations
 
