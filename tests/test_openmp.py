@@ -2,6 +2,7 @@
 torch unloaded, so the spin count set in `initialize` reaches the libgomp that torch loads afterwards."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -17,8 +18,6 @@ def test_a_count_after_torch_is_loaded_is_refused_and_zero_changes_nothing(monke
     with pytest.raises(RuntimeError, match="before torch"):
         set_spin_count(100000)
     set_spin_count(0)
-    import os
-
     assert os.environ["GOMP_SPINCOUNT"] == "10000"
 
 

@@ -14,7 +14,7 @@ is copied out of the pool: torch's bf16 matmuls copy a strided window of the poo
 dispatch than the arithmetic at one row. The torch path (`PackedTransformer` without it) rounds
 queries, scores and weights to bfloat16 on the way; here they stay float32, nearer the fp32 model.
 
-bfloat16 tensors reach numba as int16 views (`as_bits`): a bfloat16 is the top half of a float32's bits.
+bfloat16 tensors reach numba as int16 views (`as_bits`; `zerocheck.jit`'s bfloat16 helpers).
 Work items are (row, KV head) pairs: spread over numba's threads (zerocheck.jit) in a heavy step, in
 the calling thread in a light one (PARALLEL_WORK).
 """
@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernel runs)
+from zerocheck.jit import (EXP_FLOOR, available, exp_parts, numba, round_bf16, store_bf16,  # noqa: F401
+                           widen_bf16)  # (available: the kernel runs)
 
 # (row, KV head) items x positions attended, summed over the step, from which the items run on numba's
 # threads (measured on 2 cores: 32 rows x 100-200 positions, 606 -> 338 us a layer threaded; decode steps
@@ -37,20 +38,11 @@ def as_bits(tensor: torch.Tensor) -> np.ndarray:
     return tensor.view(torch.int16).numpy()
 
 
-def _widen(bits, out):
-    """bfloat16 bits (int16) -> float32 into `out` (a float32 array; `out.view(uint32)` written)."""
-    wide = out.view(np.uint32)
-    for d in range(bits.shape[0]):
-        wide[d] = np.uint32(np.uint16(bits[d])) << 16
-
-
 def _narrow(values, scratch, bits):
     """float32 `values` -> bfloat16 bits (round to nearest even) into `bits` (int16); `scratch`: float32."""
     scratch[:] = values
-    wide = scratch.view(np.uint32)
-    for d in range(bits.shape[0]):
-        w = wide[d]
-        bits[d] = np.int16(np.uint16((w + np.uint32(0x7FFF) + ((w >> 16) & np.uint32(1))) >> 16))
+    round_bf16(scratch)
+    store_bf16(scratch, bits)
 
 
 def _rotate(x, cos, sin, out):
@@ -91,7 +83,7 @@ def _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, 
     scratch = np.empty(head_dim, np.float32)
     # the new key (rotated) and value into the pool
     k_at = (heads + h) * head_dim
-    _widen(qkv[r, k_at:k_at + head_dim], raw)
+    widen_bf16(qkv[r, k_at:k_at + head_dim], raw)
     _rotate(raw, cos[r], sin[r], rotated)
     _narrow(rotated, scratch, keys[slot, h, position])
     v_at = (heads + kv_heads + h) * head_dim
@@ -100,7 +92,7 @@ def _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, 
     queries = np.empty((groups, head_dim), np.float32)
     for g in range(groups):
         q_at = (h * groups + g) * head_dim
-        _widen(qkv[r, q_at:q_at + head_dim], raw)
+        widen_bf16(qkv[r, q_at:q_at + head_dim], raw)
         _rotate(raw, cos[r], sin[r], rotated)
         for d in range(head_dim):
             queries[g, d] = rotated[d] * scale
@@ -108,7 +100,7 @@ def _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, 
     scores = np.empty((groups, n), np.float32)
     key = np.empty(head_dim, np.float32)
     for p in range(n):
-        _widen(keys[slot, h, p], key)
+        widen_bf16(keys[slot, h, p], key)
         for g in range(groups):
             s = np.float32(0.0)
             for d in range(head_dim):
@@ -120,7 +112,7 @@ def _attend_item(item, qkv, cos, sin, slots, lengths, keys, values, out, heads, 
     acc = np.zeros((groups, head_dim), np.float32)
     value = np.empty(head_dim, np.float32)
     for p in range(n):
-        _widen(values[slot, h, p], value)
+        widen_bf16(values[slot, h, p], value)
         for g in range(groups):
             w = scores[g, p]
             for d in range(head_dim):
@@ -142,7 +134,6 @@ def _attend_parallel(qkv, cos, sin, slots, lengths, keys, values, out, heads, kv
 
 if numba is not None:
     _FAST = {"reassoc", "nsz", "contract", "arcp", "afn"}
-    _widen = numba.njit(inline="always", cache=True)(_widen)
     _narrow = numba.njit(inline="always", cache=True)(_narrow)
     _rotate = numba.njit(inline="always", cache=True, fastmath=_FAST)(_rotate)
     _softmax = numba.njit(inline="always", cache=True, fastmath={"reassoc", "nsz", "contract"})(_softmax)

@@ -15,31 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernels run)
+from zerocheck.jit import (EXP_FLOOR, available, exp_parts, numba, round_bf16, store_bf16,  # noqa: F401
+                           widen_bf16)  # (available: the kernels run)
 
 _F = np.float32
-
-
-def _widen_row(bits, out):
-    """bfloat16 bits (int16) -> float32 into `out`."""
-    wide = out.view(np.uint32)
-    for d in range(bits.shape[0]):
-        wide[d] = np.uint32(np.uint16(bits[d])) << 16
-
-
-def _round(values):
-    """float32 `values` rounded to bfloat16 (to nearest even) in place, kept as float32."""
-    wide = values.view(np.uint32)
-    for d in range(values.shape[0]):
-        w = wide[d]
-        wide[d] = (w + np.uint32(0x7FFF) + ((w >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-
-
-def _store(values, bits):
-    """float32 `values` already rounded to bfloat16 (`_round`) -> their bits (int16) into `bits`."""
-    wide = values.view(np.uint32)
-    for d in range(bits.shape[0]):
-        bits[d] = np.int16(np.uint16(wide[d] >> 16))
 
 
 def _normalise(x, weight, eps, scratch, widened, out):
@@ -51,12 +30,12 @@ def _normalise(x, weight, eps, scratch, widened, out):
     inverse = _F(1.0) / np.sqrt(total / _F(x.shape[0]) + eps)
     for d in range(x.shape[0]):
         scratch[d] = x[d] * inverse
-    _round(scratch)
-    _widen_row(weight, widened)
+    round_bf16(scratch)
+    widen_bf16(weight, widened)
     for d in range(x.shape[0]):
         scratch[d] *= widened[d]
-    _round(scratch)
-    _store(scratch, out)
+    round_bf16(scratch)
+    store_bf16(scratch, out)
 
 
 def _add_rms_norm(x, delta, weight, eps, out, add):
@@ -66,13 +45,13 @@ def _add_rms_norm(x, delta, weight, eps, out, add):
     other = np.empty(hidden, np.float32)
     scratch = np.empty(hidden, np.float32)
     for n in range(x.shape[0]):
-        _widen_row(x[n], row)
+        widen_bf16(x[n], row)
         if add:
-            _widen_row(delta[n], other)
+            widen_bf16(delta[n], other)
             for d in range(hidden):
                 row[d] += other[d]
-            _round(row)
-            _store(row, x[n])
+            round_bf16(row)
+            store_bf16(row, x[n])
         _normalise(row, weight, eps, scratch, other, out[n])
 
 
@@ -84,24 +63,21 @@ def _silu_mul(gate_up, out):
     powers = np.empty(width, np.int32)
     scale = powers.view(np.float32)
     for n in range(out.shape[0]):
-        _widen_row(gate_up[n, :width], gate)
-        _widen_row(gate_up[n, width:], up)
+        widen_bf16(gate_up[n, :width], gate)
+        widen_bf16(gate_up[n, width:], up)
         for d in range(width):
             mantissas[d], powers[d] = exp_parts(min(max(-gate[d], EXP_FLOOR), -EXP_FLOOR))
         for d in range(width):
             gate[d] = gate[d] / (_F(1.0) + mantissas[d] * scale[d])
-        _round(gate)
+        round_bf16(gate)
         for d in range(width):
             gate[d] *= up[d]
-        _round(gate)
-        _store(gate, out[n])
+        round_bf16(gate)
+        store_bf16(gate, out[n])
 
 
 if numba is not None:
     _FAST = {"reassoc", "nsz", "contract", "arcp", "afn"}
-    _widen_row = numba.njit(inline="always", cache=True)(_widen_row)
-    _round = numba.njit(inline="always", cache=True)(_round)
-    _store = numba.njit(inline="always", cache=True)(_store)
     _normalise = numba.njit(inline="always", cache=True, fastmath=_FAST)(_normalise)
     _add_rms_norm = numba.njit(cache=True, fastmath=_FAST)(_add_rms_norm)
     _silu_mul = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_silu_mul)

@@ -10,6 +10,8 @@ libgomp, workqueue, logged. `numba` is None when numba is not installed (the ker
 their torch paths).
 
 `exp_parts`: the float32 exp the kernels vectorise (inlined into their loops, under their fastmath flags).
+`widen_bf16`, `round_bf16`, `store_bf16`: bfloat16 tensors reach the kernels as int16 views of their bits (a
+bfloat16 is the top half of a float32's bits); these move rows between those bits and float32.
 """
 from __future__ import annotations
 
@@ -55,5 +57,30 @@ def exp_parts(z):
     return p, (np.int32(k) + np.int32(127)) << np.int32(23)
 
 
+def widen_bf16(bits, out):
+    """bfloat16 bits (int16) -> float32 into `out` (a float32 array; `out.view(uint32)` written)."""
+    wide = out.view(np.uint32)
+    for d in range(bits.shape[0]):
+        wide[d] = np.uint32(np.uint16(bits[d])) << 16
+
+
+def round_bf16(values):
+    """float32 `values` rounded to bfloat16 (to nearest even) in place, kept as float32."""
+    wide = values.view(np.uint32)
+    for d in range(values.shape[0]):
+        w = wide[d]
+        wide[d] = (w + np.uint32(0x7FFF) + ((w >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+
+
+def store_bf16(values, bits):
+    """float32 `values` already rounded to bfloat16 (`round_bf16`) -> their bits (int16) into `bits`."""
+    wide = values.view(np.uint32)
+    for d in range(bits.shape[0]):
+        bits[d] = np.int16(np.uint16(wide[d] >> 16))
+
+
 if numba is not None:
     exp_parts = numba.njit(inline="always", cache=True)(exp_parts)
+    widen_bf16 = numba.njit(inline="always", cache=True)(widen_bf16)
+    round_bf16 = numba.njit(inline="always", cache=True)(round_bf16)
+    store_bf16 = numba.njit(inline="always", cache=True)(store_bf16)
