@@ -3,11 +3,12 @@
 Every bucket (1, 2, 4, ... up to `max_batch_size`) is captured when the runner is made (load time, not
 mid-traffic: capture synchronises and empties the allocator's cache) over static buffers: logits
 [bucket, V] float32 (float16 / bfloat16 logits are converted by the copy in) and per-row parameter
-tensors. Each bucket holds two steps over the same buffers: the candidate step for greedy rows and
-rows with 0 < top_k <= `max_top_k` (top-p and min-p then act on the candidates), and the dense step
-for rows without top-k (the default: temperature, top-p and min-p over whole rows, the two-stage race;
-top-p's exact threshold by the mass histogram, its crossing bucket ranked by a fixed-size top-k); a batch
-replays the ones its rows need. Penalties and bans are sparse writes into the static logits buffer
+tensors. Each bucket holds three steps over the same buffers: the candidate step for greedy rows and
+rows with 0 < top_k <= `max_top_k` (top-p and min-p then act on the candidates), and two dense steps for
+rows without top-k (temperature and min-p over whole rows, the two-stage race), one of them with top-p
+(its exact threshold by the mass histogram, the crossing bucket ranked by a fixed-size top-k), replayed
+only when a dense row has top_p < 1 (the default rows skip its histogram and ranking); a batch replays
+the ones its rows need. Penalties and bans are sparse writes into the static logits buffer
 before replay. A row whose k-th value is tied past the candidates (common with bf16 logits), or whose
 top-p crossing bucket holds more than TOP_P_MEMBERS tokens, is redrawn alone by the eager
 `ZeroCheckSampler`, the other rows keep the graph's tokens; batches with a top-k above `max_top_k` or
@@ -62,21 +63,26 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
 
 
 def dense_step(x: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-               keys: torch.Tensor, members: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Static-shape dense draw with no host sync (capturable): temperature, top-p
-    (`ops.dense_top_p_threshold_static`, its crossing bucket ranked `members` deep) and min-p over whole rows,
-    then the two-stage race: the eager sampler's dense path for rows without top-k, op for op. Returns tokens
-    [R] int64, row max [R] float32 (rows that are not finite are resolved after) and [R] bool top-p rows whose
-    crossing bucket held more than `members` tokens (those need the eager sampler)."""
+               keys: torch.Tensor, members: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Static-shape dense draw with no host sync (capturable): temperature, top-p (with `members`:
+    `ops.dense_top_p_threshold_static`, its crossing bucket ranked `members` deep; None: top_p is not read, the
+    rows have none) and min-p over whole rows, then the two-stage race: the eager sampler's dense path for rows
+    without top-k, op for op. Returns tokens [R] int64, row max [R] float32 (rows that are not finite are
+    resolved after) and [R] bool top-p rows whose crossing bucket held more than `members` tokens (those need
+    the eager sampler)."""
     top = x.amax(-1)
     shift = torch.where(torch.isfinite(top), top, 0.0)
     y = (x - shift.unsqueeze(1)).mul_((1.0 / temperature).unsqueeze(1))
     w = torch.exp(y)
-    tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, members)
-    nucleus = top_p < 1.0
-    lower = torch.maximum(torch.log(min_p), torch.where(nucleus, tau, -math.inf))
+    lower = torch.log(min_p)
+    overflow = torch.zeros_like(top, dtype=torch.bool)
+    if members is not None:
+        tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, members)
+        nucleus = top_p < 1.0
+        lower = torch.maximum(lower, torch.where(nucleus, tau, -math.inf))
+        overflow &= nucleus
     w.masked_fill_(y < lower.unsqueeze(1), 0.0)
-    return ops.race_draw_dense(y, w, keys), top, overflow & nucleus
+    return ops.race_draw_dense(y, w, keys), top, overflow
 
 
 def same_device(runner: torch.device, tensor: torch.device) -> bool:
@@ -96,12 +102,13 @@ class _Step:
 
 @dataclass
 class _Body:
-    """One bucket: static inputs, shared by its candidate step (greedy and top-k rows) and its dense
+    """One bucket: static inputs, shared by its candidate step (greedy and top-k rows) and its dense steps
     step (rows without top-k or top-p)."""
 
     inputs: dict[str, torch.Tensor]
     candidate: _Step
     dense: _Step
+    nucleus: _Step  # the dense step with top-p, replayed instead when a dense row has top_p < 1
 
 
 class CudaGraphSampler:
@@ -141,11 +148,12 @@ class CudaGraphSampler:
         def candidate() -> tuple[torch.Tensor, ...]:
             return candidate_step(**inputs, width=self.width)
 
-        def dense() -> tuple[torch.Tensor, ...]:
-            return dense_step(inputs["x"], inputs["temperature"], inputs["top_p"], inputs["min_p"], inputs["keys"],
-                              TOP_P_MEMBERS)
+        def dense(members: int | None) -> Callable[[], tuple[torch.Tensor, ...]]:
+            return lambda: dense_step(inputs["x"], inputs["temperature"], inputs["top_p"], inputs["min_p"],
+                                      inputs["keys"], members)
 
-        return _Body(inputs, self._capture_step(candidate), self._capture_step(dense))
+        return _Body(inputs, self._capture_step(candidate), self._capture_step(dense(None)),
+                     self._capture_step(dense(TOP_P_MEMBERS)))
 
     def _capture_step(self, step: Callable[[], tuple[torch.Tensor, ...]]) -> _Step:
         if self.device.type != "cuda":
@@ -196,15 +204,18 @@ class CudaGraphSampler:
         dense_rows = [not greedy and k == 0 for greedy, k in zip(batch.greedy, batch.top_k_list)]
         if not all(dense_rows):
             body.candidate.replay()
-        if any(dense_rows):
-            body.dense.replay()
+        dense_step = None
+        if any(dense_rows):  # the histogram and rank of top-p only when a dense row asks for it
+            nucleus = any(d and p.top_p < 1.0 for d, p in zip(dense_rows, params))
+            dense_step = body.nucleus if nucleus else body.dense
+            dense_step.replay()
         self.replays += 1
         tokens, row_max, tied = (out[:batch.size].clone() for out in body.candidate.outputs)
-        if any(dense_rows):
+        if dense_step is not None:
             dense = torch.tensor(dense_rows, device=self.device)
-            tokens = torch.where(dense, body.dense.outputs[0][:batch.size], tokens)
-            row_max = torch.where(dense, body.dense.outputs[1][:batch.size], row_max)
-            tied = torch.where(dense, body.dense.outputs[2][:batch.size], tied)
+            tokens = torch.where(dense, dense_step.outputs[0][:batch.size], tokens)
+            row_max = torch.where(dense, dense_step.outputs[1][:batch.size], row_max)
+            tied = torch.where(dense, dense_step.outputs[2][:batch.size], tied)
         resolve_posinf(static_x, tokens, row_max, batch)
         if edits is not None:
             edits.restore(static_x)
