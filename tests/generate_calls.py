@@ -119,6 +119,15 @@ def slots_in_use(server) -> float:
     return decoder_metric(server, "zerocheck_kv_slots_in_use", -1.0)
 
 
+def wait_slots_free(server, timeout_s: float = 15.0) -> float:
+    """`slots_in_use` once it reads 0, or at timeout_s: generate frees an ended sequence's slot in the
+    background (a call beside its next step), so the gauge can lag the final response by a step."""
+    deadline = time.monotonic() + timeout_s
+    while (slots := slots_in_use(server)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return slots
+
+
 def prefix_reused_tokens(server) -> float:
     """The decoder's `zerocheck_prefix_cache_reused_tokens_total` counter (0 before its first push)."""
     return decoder_metric(server, "zerocheck_prefix_cache_reused_tokens_total", 0.0)

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 import conftest
-from generate_calls import decode_result, grpc_generate, grpc_inputs, http_generate, slots_in_use
+from generate_calls import decode_result, grpc_generate, grpc_inputs, http_generate, slots_in_use, wait_slots_free
 from zerocheck.tokenizer import load_tokenizer
 
 EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
@@ -202,7 +202,7 @@ def test_a_stop_request_ends_a_text_request_as_cancelled(triton_server):
     client.stop_stream()
     client.close()
     assert {} in finals and any(f.get("finish_reason") == "cancelled" for f in finals), finals
-    assert slots_in_use(triton_server) == 0
+    assert wait_slots_free(triton_server) == 0
 
 
 @pytest.mark.parametrize("how", ["stop request", "cancelled call"])
@@ -212,10 +212,7 @@ def test_cancelled_stream_frees_its_slot(triton_server, how):
         grpc_generate(triton_server.grpc_url, fields, cancel_after=2)
     else:
         cancel_the_call_after(triton_server.grpc_url, fields, 2)
-    deadline = time.time() + 15
-    while slots_in_use(triton_server) != 0 and time.time() < deadline:
-        time.sleep(0.2)
-    assert slots_in_use(triton_server) == 0
+    assert wait_slots_free(triton_server) == 0
     assert final(grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 2, "stream": True}))
 
 
