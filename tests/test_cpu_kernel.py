@@ -70,3 +70,26 @@ def test_single_rows_take_the_serial_kernel_and_match_eager(case: str) -> None:
         expected = eager.sample(logits, [params], [[3, 17]], 2)
         got = compiled.sample(logits, [params], [[3, 17]], 2)
         assert got.tokens.tolist() == expected.tokens.tolist() and got.errors == expected.errors, params
+
+
+def test_group_max_into_a_scratch_tensor_equals_the_allocating_one() -> None:
+    from zerocheck.sampling.ops import GROUP, group_max
+
+    for vocab in (3 * GROUP, 3 * GROUP + 5):  # the second: a partial last group
+        x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(vocab))
+        x[1, 7] = float("nan")
+        x[2, -1] = float("inf")
+        out = torch.full((4, 4), -1.0)[:, : -(-vocab // GROUP)]
+        assert group_max(x, out=out) is out
+        assert torch.equal(out.isnan(), group_max(x).isnan())
+        assert torch.equal(out.nan_to_num(), group_max(x).nan_to_num())
+
+
+def test_one_compiled_sampler_serves_batches_of_other_sizes_and_vocabularies() -> None:
+    """The group maxima's scratch tensor is reused across calls: smaller batches and other vocabularies
+    get views of it, and still draw the eager path's tokens."""
+    eager, compiled = ZeroCheckSampler(), ZeroCheckSampler(compiled=True)
+    for rows, vocab in ((64, 50257), (3, 1000), (17, 32000), (64, 50257)):
+        logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)) * 2.0
+        params = [MIXED[b % len(MIXED)] for b in range(rows)]
+        assert compiled.sample(logits, params).tokens.tolist() == eager.sample(logits, params).tokens.tolist()

@@ -338,20 +338,23 @@ def warm_up() -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, top_p=0.5), SamplingParams(top_p=0.5)]
     for rows in (1, 3 * PARALLEL_TOP_P_ROWS):
         batch = build_batch([params[b % len(params)] for b in range(rows)], 4 * GROUP, None, 0)
-        draw_rows(torch.zeros(rows, 4 * GROUP), batch, torch.empty(rows, dtype=torch.int64), torch.empty(rows))
+        draw_rows(torch.zeros(rows, 4 * GROUP), batch, torch.empty(rows, dtype=torch.int64), torch.empty(rows),
+                  torch.empty(rows, 4))
 
 
-def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_max: torch.Tensor) -> None:
+def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_max: torch.Tensor,
+              maxima: torch.Tensor) -> None:
     """Draw every row of x [B, V] float32 (contiguous, CPU, penalties applied) into tokens [B] int64
     and row_max [B] float32 (NaN for rows holding NaN, whose token is -1), in place. Rows at +inf and
-    all--inf rows get token 0 here (the caller resolves them)."""
+    all--inf rows get token 0 here (the caller resolves them). maxima: a [B, ceil(V / GROUP)] float32
+    scratch tensor for the group maxima (the caller's workspace: no allocation per call)."""
     size = batch.size
     kind = np.array([GREEDY if batch.greedy[r] else TOP_K if batch.top_k_list[r] > 0 else DENSE
                      for r in range(size)], dtype=np.int64)
     top_p = batch.top_p.numpy()
     threaded = size >= PARALLEL_ROWS or int(((kind == DENSE) & (top_p < 1.0)).sum()) >= PARALLEL_TOP_P_ROWS
     draw = _draw_rows if threaded else _draw_rows_serial
-    maxima = group_max(x).numpy()
+    group_max(x, out=maxima)
     inv_temperature, min_p_log = (1.0 / batch.temperature).numpy(), torch.log(batch.min_p).numpy()
-    draw(x.numpy(), maxima, kind, batch.top_k.numpy(), batch.temperature.numpy(), inv_temperature, top_p, min_p_log,
-         batch.keys.numpy(), tokens.numpy(), row_max.numpy())
+    draw(x.numpy(), maxima.numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(), inv_temperature, top_p,
+         min_p_log, batch.keys.numpy(), tokens.numpy(), row_max.numpy())

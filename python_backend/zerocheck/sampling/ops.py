@@ -71,9 +71,18 @@ def _per_group(x: torch.Tensor, group: int, reduce: str) -> torch.Tensor:
     return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
 
 
-def group_max(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates)."""
-    return _per_group(x, group, "amax")
+def group_max(x: torch.Tensor, group: int = GROUP, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates); written into
+    `out` (that shape, float32) when given: no allocation per call."""
+    if out is None:
+        return _per_group(x, group, "amax")
+    rows, vocab = x.shape
+    full = vocab // group
+    if full:
+        torch.amax(x[:, :full * group].view(rows, full, group), -1, out=out[:, :full])
+    if vocab % group:
+        torch.amax(x[:, full * group:], -1, keepdim=True, out=out[:, full:])
+    return out
 
 
 def group_sum(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
