@@ -141,8 +141,11 @@ def _candidates(row, gmax, low):
     count = 0
     for g in range(gmax.shape[0]):
         if gmax[g] >= low:
-            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
-                count += row[i] >= low and row[i] > -np.inf
+            start = g * GROUP
+            hits = np.int32(0)
+            for i in range(min(GROUP, vocab - start)):  # an int32 count of a select: this loop vectorises
+                hits += np.int32(1) if row[start + i] >= low and row[start + i] > -np.inf else np.int32(0)
+            count += hits
     vals = np.empty(count, np.float32)
     ids = np.empty(count, np.int64)
     n = 0
@@ -219,10 +222,11 @@ def _top_p_threshold(row, gmax, top, inv_t, top_p, hist):
     hits = np.zeros(gmax.shape[0], np.int64)
     for g in range(gmax.shape[0]):
         if (gmax[g] - top) * inv_t > low:
-            count = 0
-            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
-                y = (row[i] - top) * inv_t
-                count += (y > low) & (y <= high)
+            count = np.int32(0)
+            start = g * GROUP
+            for i in range(min(GROUP, vocab - start)):  # an int32 count of a select: this loop vectorises
+                y = (row[start + i] - top) * inv_t
+                count += np.int32(1) if y > low and y <= high else np.int32(0)
             hits[g] = count
     count = hits.sum()
     if count == 0:
