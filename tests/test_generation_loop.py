@@ -282,6 +282,37 @@ def test_admission_queues_then_refuses_at_once():
     asyncio.run(scenario())
 
 
+def test_a_request_cancelled_as_its_slot_frees_is_cancelled_and_gives_the_slot_back():
+    """The queued request's slot is granted and its task cancelled in the same loop turn (a client that leaves
+    as a slot frees): the cancellation must reach it (before Python 3.12, `asyncio.wait_for` returned the slot
+    and dropped the cancellation, so the request ran on for nobody), and the slot must be free again."""
+    async def scenario():
+        service = GenerateService(None, None, Limits(), max_active=1, max_queue=1, queue_timeout_s=30.0)
+        entered = []
+
+        async def queued():
+            service.reserve()
+            async with service.admission():
+                entered.append(True)
+                await asyncio.sleep(30)
+
+        holder = service.admission()
+        service.reserve()
+        await holder.__aenter__()
+        task = asyncio.create_task(queued())
+        for _ in range(3):
+            await asyncio.sleep(0)  # the queued request now waits for the slot
+        await holder.__aexit__(None, None, None)  # the slot goes to the waiting acquire ...
+        task.cancel()  # ... as the client leaves
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not entered and service.active == 0
+        async with service.admission():  # the slot is free again: no 30 s wait
+            assert service.active == 1
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
 def test_max_tokens_defaults_to_what_fits(tokenizer):
     service = GenerateService(tokenizer, None, Limits(max_context=64, max_prompt_tokens=60, max_output_tokens=32),
                               max_active=1, max_queue=1)

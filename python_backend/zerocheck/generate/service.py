@@ -111,11 +111,9 @@ class GenerateService:
         try:
             deadline = time.monotonic() + self.queue_timeout_s
             for _ in range(sequences):
-                try:
-                    await asyncio.wait_for(self._slots.acquire(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
+                if not await _acquire(self._slots, max(0.0, deadline - time.monotonic())):
                     raise Overloaded(f"overloaded: no KV cache slot freed within {self.queue_timeout_s:g} s; "
-                                     "retry later") from None
+                                     "retry later")
                 taken += 1
         finally:
             self._waiting -= sequences
@@ -154,3 +152,21 @@ class GenerateService:
 
 
 __all__ = ["GenerateService", "Prepared", "TEXT", "TOKENS"]
+
+
+async def _acquire(slots: asyncio.Semaphore, timeout_s: float) -> bool:
+    """`slots.acquire()` within timeout_s: whether it got a slot. Not `asyncio.wait_for`: before Python 3.12 it
+    keeps the slot and drops the caller's cancellation when both arrive in one loop turn (a client leaving as a
+    slot frees: its request then ran on for nobody); here the cancellation is raised and the slot given back."""
+    acquire = asyncio.ensure_future(slots.acquire())
+    try:
+        await asyncio.wait({acquire}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        if acquire.done() and not acquire.cancelled():
+            slots.release()
+        acquire.cancel()  # nothing when it is done
+        raise
+    if acquire.done() and not acquire.cancelled():
+        return True
+    acquire.cancel()  # the timeout: a cancelled acquire takes no slot
+    return False
