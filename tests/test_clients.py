@@ -13,6 +13,7 @@ import pytest
 import requests
 
 import conftest
+from generate_calls import wait_slots_free
 from zerocheck.clients.async_client import AsyncClient
 from zerocheck.clients.client import Client
 from zerocheck.clients.errors import InvalidRequest
@@ -20,17 +21,10 @@ from zerocheck.serve import TritonServer
 
 PROMPT = "def main():"
 SEEDED = {"max_tokens": 8, "seed": 1234, "temperature": 0.8, "top_p": 0.9}
-KV_SLOTS = re.compile(r'^zerocheck_kv_slots_in_use\{[^}]*model="decoder"[^}]*\} (\S+)$', re.M)
 
 
 def url_of(server: TritonServer, protocol: str) -> str:
     return server.grpc_url if protocol == "grpc" else server.http_url
-
-
-def kv_slots_in_use(server: TritonServer) -> float:
-    found = KV_SLOTS.findall(requests.get(f"http://{server.metrics_url}/metrics", timeout=5).text)
-    assert found, "zerocheck_kv_slots_in_use{model=\"decoder\"} is not exported"
-    return float(found[0])
 
 
 async def async_results(server: TritonServer, protocol: str) -> list[list[int]]:
@@ -76,13 +70,6 @@ def test_bad_parameter_is_a_typed_error_without_retry(triton_server: TritonServe
         asyncio.run(AsyncClient(url_of(triton_server, protocol), protocol, retries=5).generate(PROMPT, top_p=1.5))
 
 
-def wait_slots_free(server: TritonServer, timeout_s: float = 2.0) -> float:
-    deadline = time.monotonic() + timeout_s
-    while (slots := kv_slots_in_use(server)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return slots
-
-
 def cancel_sync_stream(client: Client) -> None:
     stream = client.stream(PROMPT, max_tokens=200, temperature=0, min_tokens=200)
     for index, _ in enumerate(stream):
@@ -94,7 +81,7 @@ def cancel_sync_stream(client: Client) -> None:
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("model", ["generate", "ensemble"])
 def test_closing_a_stream_frees_the_slot(triton_server: TritonServer, protocol: str, model: str) -> None:
-    assert wait_slots_free(triton_server, 10.0) == 0  # whatever earlier tests left has finished
+    assert wait_slots_free(triton_server) == 0  # whatever earlier tests left has finished
     client = Client(url_of(triton_server, protocol), protocol, model=model)
     cancel_sync_stream(client)
     assert wait_slots_free(triton_server) == 0
@@ -103,7 +90,7 @@ def test_closing_a_stream_frees_the_slot(triton_server: TritonServer, protocol: 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_cancelling_the_task_frees_the_slot(triton_server: TritonServer, protocol: str) -> None:
-    assert wait_slots_free(triton_server, 10.0) == 0  # whatever earlier tests left has finished
+    assert wait_slots_free(triton_server) == 0  # whatever earlier tests left has finished
     client = AsyncClient(url_of(triton_server, protocol), protocol, model="generate")
 
     async def main() -> None:
