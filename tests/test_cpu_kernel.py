@@ -93,3 +93,50 @@ def test_one_compiled_sampler_serves_batches_of_other_sizes_and_vocabularies() -
         logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(rows)) * 2.0
         params = [MIXED[b % len(MIXED)] for b in range(rows)]
         assert compiled.sample(logits, params).tokens.tolist() == eager.sample(logits, params).tokens.tolist()
+
+
+def exhaustive_contending_groups(gmax, top, inv_t, vocab, key0, key1):
+    """`cpu_kernel._contending_groups` by its definition: both score bounds of every group, in float64."""
+    import math
+
+    import numpy as np
+
+    from zerocheck.jit import EXP_FLOOR
+    from zerocheck.sampling.noise import exponential_noise
+    from zerocheck.sampling.ops import GROUP, GROUP_SALT
+
+    groups = len(gmax)
+    noise = exponential_noise(torch.tensor([[key0, key1]]), torch.arange(groups)[None] + GROUP_SALT)[0].numpy()
+    lowest, least_highest = np.full(groups, np.inf), np.inf
+    for g in range(groups):
+        y = (gmax[g] - top) * inv_t
+        if y > EXP_FLOOR:
+            w = math.exp(float(y))
+            least_highest = min(least_highest, noise[g] / (w * (1.0 - cpu_kernel.MASS_BOUND)))
+            lowest[g] = noise[g] / (min(GROUP, vocab - g * GROUP) * w * (1.0 + cpu_kernel.MASS_BOUND))
+    return lowest <= least_highest
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.7, 1.0, 3.0])
+def test_the_prefiltered_contending_groups_are_the_exhaustive_ones(temperature: float) -> None:
+    """The kernel computes exact scores only for groups its float32 prefilter keeps: the set must be the one
+    every group's exact bounds give, on flat and peaked rows, a partial last group and masked groups."""
+    import numpy as np
+
+    from zerocheck.sampling.ops import group_max
+
+    generator = torch.Generator().manual_seed(int(temperature * 100))
+    vocab = 50257
+    for trial in range(40):
+        row = torch.randn(vocab, generator=generator) * (3.0 if trial % 2 else 0.5)
+        if trial % 4 == 3:
+            ranks = torch.randperm(vocab, generator=generator).to(torch.float32) + 1
+            row = -1.1 * torch.log(ranks)
+        if trial % 5 == 4:
+            row[: vocab // 2] = -float("inf")  # masked groups (bans, min-p): no weight
+        gmax = group_max(row[None])[0].numpy()
+        top = np.float32(gmax.max())
+        inv_t = np.float32(1.0 / temperature)
+        key0, key1 = (int(v) for v in torch.randint(0, 2**32, (2,), generator=generator))
+        got = cpu_kernel._contending_groups(gmax, top, inv_t, vocab, key0, key1)
+        assert got.tolist() == exhaustive_contending_groups(gmax, top, inv_t, vocab, key0, key1).tolist()

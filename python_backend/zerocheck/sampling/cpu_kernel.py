@@ -107,11 +107,39 @@ def _contending_groups(gmax, top, inv_t, vocab, key0, key1):
     mass M lies in [w, n * w] (w = exp(its maximum's y), n its tokens; widened by MASS_BOUND for float32
     rounding), so its score E / M lies in [E / (n w), E / w]; a group whose lowest score is above the
     smallest highest score cannot have the smallest score. Groups with no weight (y of the maximum at or
-    below EXP_FLOOR) never contend."""
+    below EXP_FLOOR) never contend.
+
+    The exact scores (a log and an exp each) are computed for few groups: the group holding the row's
+    maximum (w = 1) bounds the smallest highest score by U = E_top / (1 - MASS_BOUND), so a group contends
+    only if E <= U n w (1 + MASS_BOUND) <= c = U GROUP w (1 + MASS_BOUND); and E = -log(u) >= 1 - u for its
+    uniform u. A first loop (vectorised: the hash, a float32 exp, no log) keeps the groups with 1 - u <= 2 c
+    (the factor 2 covers float32 rounding); the others have E > c and cannot contend, and cannot hold the
+    smallest highest score either (theirs is above U)."""
     groups = gmax.shape[0]
+    first = 0
+    while gmax[first] != top:
+        first += 1
+    log_bound = _F(math.log(_exp_noise(key0, key1, first + GROUP_SALT) * GROUP * 2.0 * (1.0 + MASS_BOUND)
+                            / (1.0 - MASS_BOUND)))
+    c = np.empty(groups, np.float32)
+    bits = np.empty(groups, np.int32)
+    scale = bits.view(np.float32)
+    for g in range(groups):  # c[g] = 2 c of group g (0 when its y is at or below EXP_FLOOR)
+        y = (gmax[g] - top) * inv_t
+        z = min(max(y + log_bound, EXP_FLOOR), _F(87.0))
+        p, bits[g] = exp_parts(z)
+        c[g] = p if y > EXP_FLOOR else _F(0.0)
+    maybe = np.empty(groups, np.bool_)
+    for g in range(groups):
+        counter = g + GROUP_SALT
+        z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
+        z = _mix32(z ^ (counter >> 32))
+        rest = (_F(_M32 - z) + _F(0.5)) * _F(_INV_2_32)  # 1 - u, within float32 rounding
+        maybe[g] = rest <= c[g] * scale[g]
+    maybe[first] = True
     lowest = np.full(groups, np.inf)
     least_highest = np.inf
-    for g in range(groups):
+    for g in np.nonzero(maybe)[0]:
         y = (gmax[g] - top) * inv_t
         if y > EXP_FLOOR:
             noise = _exp_noise(key0, key1, g + GROUP_SALT)
