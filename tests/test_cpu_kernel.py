@@ -117,6 +117,15 @@ def exhaustive_contending_groups(gmax, top, inv_t, vocab, key0, key1):
     return lowest <= least_highest
 
 
+if cpu_kernel.available():
+    @cpu_kernel.numba.njit
+    def contending_groups_into(gmax, top, inv_t, vocab, key0, key1, out):
+        """The kernel's set, copied inside compiled code: a cached kernel function that returns an array to
+        Python can fail to box it (numba: "NRT_adapt_ndarray_to_python, 'descr' is NULL"); the kernel
+        itself never returns one to Python."""
+        out[:] = cpu_kernel._contending_groups(gmax, top, inv_t, vocab, key0, key1)
+
+
 @pytest.mark.parametrize("temperature", [0.05, 0.7, 1.0, 3.0])
 def test_the_prefiltered_contending_groups_are_the_exhaustive_ones(temperature: float) -> None:
     """The kernel computes exact scores only for groups its float32 prefilter keeps: the set must be the one
@@ -138,5 +147,6 @@ def test_the_prefiltered_contending_groups_are_the_exhaustive_ones(temperature: 
         top = np.float32(gmax.max())
         inv_t = np.float32(1.0 / temperature)
         key0, key1 = (int(v) for v in torch.randint(0, 2**32, (2,), generator=generator))
-        got = cpu_kernel._contending_groups(gmax, top, inv_t, vocab, key0, key1)
+        got = np.empty(len(gmax), np.bool_)
+        contending_groups_into(gmax, top, inv_t, vocab, key0, key1, got)
         assert got.tolist() == exhaustive_contending_groups(gmax, top, inv_t, vocab, key0, key1).tolist()
