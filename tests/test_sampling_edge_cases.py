@@ -302,3 +302,19 @@ def test_greedy_with_penalties_is_argmax_of_penalised_logits(path: str) -> None:
     expected = [int(np.argmax(penalised_logits(logits[b], params[b], histories[b]))) for b in range(64)]
     assert expected != [int(np.argmax(r)) for r in logits], "the penalties must change some argmax"
     assert PATHS[path](torch.from_numpy(logits), params, histories).tolist() == expected
+
+
+def test_a_penalised_plain_history_with_an_id_outside_the_vocabulary_names_its_row() -> None:
+    from zerocheck.sampling.batch import build_batch
+    from zerocheck.sampling.history import TokenHistory
+
+    params = [SamplingParams(), SamplingParams(presence_penalty=0.5), SamplingParams(repetition_penalty=1.2)]
+    with pytest.raises(SamplingParamError, match=r"history of row 2 holds token ids outside \[0, 100\)"):
+        build_batch(params, 100, [[1, 2], [3, 3, 4], [5, 100]], 0)
+    with pytest.raises(SamplingParamError, match=r"history of row 1 holds token ids outside \[0, 100\)"):
+        build_batch(params, 100, [[1, 2], [-1], [5]], 0)
+    batch = build_batch(params, 100, [[1, 2], TokenHistory([3, 3, 4]), [5, 5, 7]], 0)
+    pairs = sorted(zip(batch.penalties.rows.tolist(), batch.penalties.tokens.tolist(), batch.penalties.counts.tolist(),
+                       batch.penalties.presence.tolist(), batch.penalties.repetition.tolist()))
+    assert pairs == [(1, 3, 2.0, 0.5, 1.0), (1, 4, 1.0, 0.5, 1.0), (2, 5, 2.0, 0.0, 1.2000000476837158),
+                     (2, 7, 1.0, 0.0, 1.2000000476837158)]
