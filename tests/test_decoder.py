@@ -141,9 +141,33 @@ def test_backend_is_chosen_once_for_dtype_and_device(requested, dtype, device, c
     assert choose_backend(requested, dtype, device, cuda, bf16_cpu) == chosen
 
 
+@pytest.mark.parametrize("dtype, device, cuda, chosen", [
+    ("auto", "auto", True, "tensorrt"), ("fp32", "cuda", True, "tensorrt"), ("auto", "cuda:1", True, "tensorrt"),
+    ("bf16", "auto", True, "torch"),  # the engine is the fp32 export
+    ("int8", "auto", True, "onnxruntime"), ("auto", "auto", False, "torch"), ("auto", "cpu", True, "torch")])
+def test_a_built_tensorrt_engine_is_auto_on_a_gpu(dtype, device, cuda, chosen) -> None:
+    """`tensorrt_ready`: decoder.plan is built and `tensorrt` imports; bf16_cpu True throughout."""
+    assert choose_backend("auto", dtype, device, cuda, True, tensorrt_ready=True) == chosen
+
+
+def test_the_tensorrt_backend_runs_on_cuda_only(tmp_path: Path) -> None:
+    from zerocheck.decoder.engine import choose_device
+
+    assert choose_device("auto", "tensorrt", cuda_available=True) == "cuda"
+    assert choose_device("cuda:1", "tensorrt", cuda_available=True) == "cuda:1"
+    for requested, cuda_available, message in [("cpu", True, "backend tensorrt runs on CUDA only, got device cpu"),
+                                               ("auto", False, "backend tensorrt asked for, but torch sees no CUDA"),
+                                               ("cuda", False, "device cuda asked for, but torch sees no CUDA")]:
+        with pytest.raises(ValueError, match=message):
+            choose_device(requested, "tensorrt", cuda_available)
+    with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got tensorrt"):
+        choose_dtype("bf16", "tensorrt", {"amx_bf16"})
+    assert choose_dtype("auto", "tensorrt", {"amx_bf16"}) == "fp32"
+
+
 def test_bad_dtype_requests_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, got 'tensorrt'"):
-        choose_backend("tensorrt", "auto", "auto", False, True)
+    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, tensorrt, got 'trt'"):
+        choose_backend("trt", "auto", "auto", False, True)
     with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, got 'fp16'"):
         choose_dtype("fp16", "torch", set())
     with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got onnxruntime"):

@@ -93,6 +93,11 @@ def test_the_device_is_chosen_once_for_the_backend(artifacts: Path) -> None:
     for requested, backend, cuda_available, message in refused:
         with pytest.raises(ValueError, match=message):
             choose_device(requested, backend, cuda_available)
+    if not torch.cuda.is_available():  # refused before any weight loads
+        with pytest.raises(ValueError, match="backend tensorrt asked for, but torch sees no CUDA device"):
+            load_decoder(artifacts, backend="tensorrt", device="auto")
+        with pytest.raises(ValueError, match="backend tensorrt runs on CUDA only, got device cpu"):
+            load_decoder(artifacts, backend="tensorrt", device="cpu")
     engine = load_decoder(artifacts, backend="torch", max_slots=1, dtype="fp32", device="auto")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert engine.device == expected and engine.pool.keys.device.type == expected
@@ -105,7 +110,10 @@ def test_missing_onnx_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="decoder.onnx is missing"):
         load_decoder(tmp_path, backend="onnxruntime")
     with pytest.raises(ValueError, match="backend must be one of"):
-        load_decoder(tmp_path, backend="tensorrt")
+        load_decoder(tmp_path, backend="trt")
+    if torch.cuda.is_available():
+        with pytest.raises(FileNotFoundError, match="decoder.plan is missing: build with --tensorrt"):
+            load_decoder(tmp_path, backend="tensorrt", device="cuda")
 
 
 def test_qwen2_checkpoint_exports_with_biases_and_tied_embeddings(tmp_path: Path) -> None:
@@ -130,3 +138,29 @@ def test_qwen2_checkpoint_exports_with_biases_and_tied_embeddings(tmp_path: Path
         expected = model.eval()(torch.tensor([ids])).logits[0, -1]
     result = load_decoder(tmp_path / "out", backend="onnxruntime").step([StepRequest("q", ids, True, True)])
     torch.testing.assert_close(result.logits[0], expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_tensorrt_backend_steps_as_the_torch_module_does(artifacts: Path, tmp_path: Path) -> None:
+    """decoder.plan built from the tiny decoder.onnx, loaded by backend tensorrt (auto picks it once built),
+    gives the fp32 module's logits on CUDA over a prefill and decode steps of two sequences."""
+    pytest.importorskip("tensorrt")
+    import shutil
+
+    from zerocheck.build.tensorrt_engines import build_tensorrt_engine
+    from zerocheck.decoder import DecoderConfig
+
+    built = tmp_path / "artifacts"
+    shutil.copytree(artifacts, built)
+    config = DecoderConfig.from_pretrained(built / "hf_model")
+    build_tensorrt_engine(built / "decoder.onnx", config, 48, built)
+    trt = load_decoder(built, max_slots=2, device="auto")
+    module = load_decoder(built, backend="torch", max_slots=2, dtype="fp32", device="cuda")
+    assert (trt.backend, trt.dtype, trt.device) == ("tensorrt", "fp32", "cuda")
+    steps = [[StepRequest("a", [5, 9, 11], True, False), StepRequest("b", [7], True, False)],
+             [StepRequest("a", [3], False, False), StepRequest("b", [4, 8], False, False)],
+             [StepRequest("a", [6], False, True), StepRequest("b", [2], False, True)]]
+    for requests in steps:
+        got, expected = trt.step(requests).logits, module.step(requests).logits
+        assert got.device.type == "cuda" and torch.allclose(got, expected, atol=1e-3, rtol=1e-3)

@@ -38,13 +38,12 @@ from zerocheck.build.options import BuildOptions
 from zerocheck.build.sources import PACKAGED_MODELS, TINY_MODEL, convert_gguf, copy_checkpoint_weights
 from zerocheck.build.tensorrt_engines import (
     TENSORRT_LLM_DIR,
-    TENSORRT_PLAN,
     build_tensorrt_engine,
     build_tensorrt_llm_engine,
     require_gpu_package,
 )
 from zerocheck.decoder.config import DecoderConfig
-from zerocheck.decoder.engine import ONNX_FILE, ONNX_INT8_FILE
+from zerocheck.decoder.engine import ONNX_FILE, ONNX_INT8_FILE, TENSORRT_PLAN
 from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff, quantize_int8
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR, load_tokenizer

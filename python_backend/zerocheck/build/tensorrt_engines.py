@@ -1,7 +1,8 @@
 """GPU-only builds: a TensorRT engine from the ONNX step, and a TensorRT-LLM engine from the HF model.
 
 Both stop with `BuildError` when CUDA or the package is missing, the TensorRT-LLM build also when its
-version is not 0.x. No model loads either engine yet. Untested here (no GPU).
+version is not 0.x. The decoder loads the TensorRT engine (backend tensorrt, `decoder.backends.tensorrt_step`);
+no model loads the TensorRT-LLM engine yet. Untested here (no GPU).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import torch
 
 from zerocheck.build.errors import BuildError
 from zerocheck.decoder.config import DecoderConfig
-
-TENSORRT_PLAN = "decoder.plan"
+from zerocheck.decoder.engine import TENSORRT_PLAN
 TENSORRT_LLM_DIR = "tensorrt_llm"
 MAX_BATCH = 64  # the decoder model's max_batch_size
 OPT_BATCH, OPT_PAST = 8, 256  # the profile's optimum: a typical decode step

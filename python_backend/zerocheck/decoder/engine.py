@@ -6,6 +6,7 @@ its cached positions plus the causal part of its new tokens.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Sequence
 import torch
 
 from zerocheck.decoder import attention_kernel
-from zerocheck.decoder.backends import StepFunction, onnxruntime_step, torch_step
+from zerocheck.decoder.backends import StepFunction, onnxruntime_step, tensorrt_step, torch_step
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
@@ -25,10 +26,11 @@ from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
 ONNX_FILE = "decoder.onnx"
 ONNX_INT8_FILE = "decoder.int8.onnx"  # ONNX_FILE with int8 weights (dynamic quantization, build_engines.py)
-BACKENDS = ("torch", "onnxruntime")
+TENSORRT_PLAN = "decoder.plan"  # ONNX_FILE as a TensorRT engine (build_engines.py --tensorrt, on a GPU)
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DEFAULT_BACKEND = "auto"  # choose_backend
 DTYPES = ("fp32", "bf16", "int8")  # weights; activations and KV cache are bf16 with bf16 weights, else fp32
-DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime",)}
+DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime",)}  # tensorrt: the fp32 export
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # activations, KV cache
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU multiplies bfloat16 natively
 
@@ -61,12 +63,14 @@ def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "c
     return requested
 
 
-def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool, bf16_cpu: bool) -> str:
+def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool, bf16_cpu: bool,
+                   tensorrt_ready: bool = False) -> str:
     """`requested` ("auto" or one of BACKENDS) made concrete for the requested `dtype` and `device`. auto
-    is the faster one as measured (benchmarks/decoder.py, README): torch on CUDA, and on a CPU that
-    multiplies bf16 with oneDNN (`bf16_cpu`: AMX / AVX512-BF16 and `packing_available`) for dtype auto or
-    bf16 (packed bf16 weights: faster than onnxruntime fp32 from 8 rows up, prefill 2x); onnxruntime for
-    fp32 and int8 on a CPU, and on a CPU without bf16."""
+    is the faster one as measured (benchmarks/decoder.py, README): on CUDA the TensorRT engine when it is
+    built and `tensorrt` imports (`tensorrt_ready`; it is the fp32 export, so not for dtype bf16), else
+    torch; on a CPU that multiplies bf16 with oneDNN (`bf16_cpu`: AMX / AVX512-BF16 and `packing_available`)
+    torch for dtype auto or bf16 (packed bf16 weights: faster than onnxruntime fp32 from 8 rows up, prefill
+    2x); onnxruntime for fp32 and int8 on a CPU, and on a CPU without bf16."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {requested!r}")
     if requested != "auto":
@@ -74,7 +78,7 @@ def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool
     if dtype == "int8":
         return "onnxruntime"
     if device.startswith("cuda") or (device == "auto" and cuda_available):
-        return "torch"
+        return "tensorrt" if tensorrt_ready and dtype in ("auto", "fp32") else "torch"
     if dtype == "bf16" or (dtype == "auto" and bf16_cpu):
         return "torch"
     return "onnxruntime"
@@ -86,17 +90,21 @@ DEVICES = ("auto", "cpu", "cuda")
 def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
     """`requested` (auto | cpu | cuda | cuda:N, the GPU Triton gave a KIND_GPU instance) made concrete for
     `backend`: the torch backend runs where asked, on CUDA for auto when torch sees a GPU; onnxruntime runs
-    on the CPU here (auto picks the CPU for it)."""
+    on the CPU here (auto picks the CPU for it); TensorRT runs on CUDA only."""
     kind, _, index = requested.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
         raise ValueError(f"device must be one of {', '.join(DEVICES)} or cuda:N, got {requested!r}")
-    if kind == "cuda":
+    if backend == "tensorrt" and kind == "cpu":
+        raise ValueError("backend tensorrt runs on CUDA only, got device cpu")
+    if kind == "cuda" or backend == "tensorrt":
         if not cuda_available:
-            raise ValueError("device cuda asked for, but torch sees no CUDA device")
-        if backend != "torch":
-            raise ValueError(f"device cuda needs backend torch (onnxruntime runs on the CPU here), got {backend}")
+            raise ValueError(f"{'backend tensorrt' if kind != 'cuda' else 'device cuda'} asked for, but torch sees "
+                             "no CUDA device")
+        if backend == "onnxruntime":
+            raise ValueError("device cuda needs backend torch or tensorrt (onnxruntime runs on the CPU here), "
+                             "got onnxruntime")
     if requested == "auto":
-        return "cuda" if cuda_available and backend == "torch" else "cpu"
+        return "cuda" if cuda_available and backend in ("torch", "tensorrt") else "cpu"
     return requested
 
 
@@ -319,8 +327,14 @@ def load_decoder(
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR
     config = DecoderConfig.from_pretrained(model_dir)
+    max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
+    if config.sliding_window is not None and max_seq_len > config.sliding_window:
+        raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
+                         "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     flags, packing, cuda = cpu_flags(), packing_available(), torch.cuda.is_available()
-    backend = choose_backend(backend, dtype, device, cuda, packing and any(flag in flags for flag in BF16_CPU_FLAGS))
+    tensorrt_ready = (root / TENSORRT_PLAN).is_file() and importlib.util.find_spec("tensorrt") is not None
+    backend = choose_backend(backend, dtype, device, cuda, packing and any(flag in flags for flag in BF16_CPU_FLAGS),
+                             tensorrt_ready)
     device = choose_device(device, backend, cuda)
     dtype = choose_dtype(dtype, backend, flags, device)
     packed = backend == "torch" and device == "cpu" and dtype == "bf16" and packing  # `PackedTransformer`
@@ -344,6 +358,12 @@ def load_decoder(
                 print("decoder: this torch cannot pack bf16 weights for oneDNN; running the module's forward (slower)")
             step_fn = torch_step(model, device)
             kernels = "module forward"
+    elif backend == "tensorrt":
+        plan = root / TENSORRT_PLAN
+        if not plan.is_file():
+            raise FileNotFoundError(f"{plan} is missing: build with --tensorrt (on a GPU) or use backend='torch'")
+        step_fn = tensorrt_step(plan, device, max_slots, max_seq_len)
+        kernels = plan.name
     else:
         onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
         if not onnx_path.is_file():
@@ -353,10 +373,6 @@ def load_decoder(
         kernels = onnx_path.name
     if int4_single_row and not packed:
         print(f"decoder: int4_single_row is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
-    max_seq_len = max_seq_len or _manifest_max_seq_len(root) or config.max_position_embeddings
-    if config.sliding_window is not None and max_seq_len > config.sliding_window:
-        raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's sliding_window {config.sliding_window}; "
-                         "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
                        dtype=TORCH_DTYPES[dtype], device=device)
     prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
