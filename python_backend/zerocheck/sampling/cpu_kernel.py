@@ -387,6 +387,7 @@ def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_m
     threaded = size >= PARALLEL_ROWS or int(((kind == DENSE) & (top_p < 1.0)).sum()) >= PARALLEL_TOP_P_ROWS
     draw = _draw_rows if threaded else _draw_rows_serial
     group_max(x, out=maxima)
-    inv_temperature, min_p_log = (1.0 / batch.temperature).numpy(), torch.log(batch.min_p).numpy()
+    with np.errstate(divide="ignore"):  # min_p 0: log -inf (no floor)
+        inv_temperature, min_p_log = 1.0 / batch.temperature.numpy(), np.log(batch.min_p.numpy())
     draw(x.numpy(), maxima.numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(), inv_temperature, top_p,
          min_p_log, batch.keys.numpy(), tokens.numpy(), row_max.numpy())

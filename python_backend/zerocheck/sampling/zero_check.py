@@ -100,12 +100,16 @@ class ZeroCheckSampler:
         edits = ops.apply_penalties_and_bans(x, batch)
         try:
             tokens, row_max = self._draw(x, batch)
-            resolve_posinf(x, tokens, row_max, batch)
+            finite = bool(torch.isfinite(row_max).all())  # the common case: no row at +inf, all masked or NaN
+            if not finite:
+                resolve_posinf(x, tokens, row_max, batch)
         finally:
             if edits is not None:
                 edits.restore(x)
         if edits is not None:
             row_max[edits.nan_rows()] = math.nan
+        if finite and edits is None:  # one check instead of finish's several small ops (each ~20-50 us on CPU
+            return SampleOutput(tokens, [None] * batch.size)  # right after a decoder forward has swept the caches)
         return finish(x, tokens, row_max)
 
     def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
