@@ -54,11 +54,15 @@ def _mix32(z):
     return (z >> 16) ^ z
 
 
+def _noise_word(key0, key1, counter):
+    """The 32-bit word of `noise.exponential_noise` for one (row key, counter): u = (word + 0.5) / 2**32."""
+    z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
+    return _mix32(z ^ (counter >> 32))
+
+
 def _exp_noise(key0, key1, counter):
     """E = -log(u) ~ Exp(1): `noise.exponential_noise` for one (row key, counter)."""
-    z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
-    z = _mix32(z ^ (counter >> 32))
-    return -math.log((np.float64(z) + 0.5) * _INV_2_32)
+    return -math.log((np.float64(_noise_word(key0, key1, counter)) + 0.5) * _INV_2_32)
 
 
 def _bucket(y):
@@ -131,10 +135,7 @@ def _contending_groups(gmax, top, inv_t, vocab, key0, key1):
         c[g] = p if y > EXP_FLOOR else _F(0.0)
     maybe = np.empty(groups, np.bool_)
     for g in range(groups):
-        counter = g + GROUP_SALT
-        z = _mix32(_mix32(key0 ^ (counter & _M32)) ^ key1)
-        z = _mix32(z ^ (counter >> 32))
-        rest = (_F(_M32 - z) + _F(0.5)) * _F(_INV_2_32)  # 1 - u, within float32 rounding
+        rest = (_F(_M32 - _noise_word(key0, key1, g + GROUP_SALT)) + _F(0.5)) * _F(_INV_2_32)  # 1 - u (float32)
         maybe[g] = rest <= c[g] * scale[g]
     maybe[first] = True
     lowest = np.full(groups, np.inf)
@@ -349,6 +350,7 @@ def _draw_rows(x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_
 
 if numba is not None:
     _mix32 = numba.njit(inline="always", cache=True)(_mix32)
+    _noise_word = numba.njit(inline="always", cache=True)(_noise_word)
     _exp_noise = numba.njit(inline="always", cache=True)(_exp_noise)
     _group_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_group_masses)
     _bucket = numba.njit(inline="always", cache=True)(_bucket)
