@@ -98,9 +98,13 @@ def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequ
     )
 
 
+def _outside(row: int, vocab_size: int, what: str) -> SamplingParamError:
+    return SamplingParamError(f"{what} of row {row} holds token ids outside [0, {vocab_size})")
+
+
 def _check_ids(row: int, ids: Sequence[int], vocab_size: int, what: str) -> None:
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
-        raise SamplingParamError(f"{what} of row {row} holds token ids outside [0, {vocab_size})")
+        raise _outside(row, vocab_size, what)
 
 
 def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequence[int]] | None,
@@ -120,7 +124,7 @@ def _sparse_penalties(params: Sequence[SamplingParams], history: Sequence[Sequen
     unchecked = np.repeat([not isinstance(history[b], TokenHistory) for b in rows], sizes)  # a TokenHistory
     bad = unchecked & ((tokens < 0) | (tokens >= vocab_size))                        # holds checked ids
     if bad.any():
-        raise SamplingParamError(f"history of row {pair_rows[bad.argmax()]} holds token ids outside [0, {vocab_size})")
+        raise _outside(int(pair_rows[bad.argmax()]), vocab_size, "history")
 
     def per_pair(name: str) -> torch.Tensor:
         table = np.array([getattr(p, name) for p in params], dtype=np.float32)
