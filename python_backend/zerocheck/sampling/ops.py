@@ -61,28 +61,24 @@ def apply_penalties_and_bans(x: torch.Tensor, batch: SamplingBatch) -> SparseEdi
     return SparseEdits(parts) if parts else None
 
 
-def _per_group(x: torch.Tensor, group: int, reduce: str) -> torch.Tensor:
-    """x: [R, V] -> [R, ceil(V / group)]: `reduce` ("amax" or "sum") of each run of `group` tokens."""
+def _per_group(x: torch.Tensor, group: int, reduce: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [R, V] -> [R, ceil(V / group)]: `reduce` ("amax" or "sum") of each run of `group` tokens, written into
+    `out` (that shape, x's dtype) when given: no allocation per call."""
     rows, vocab = x.shape
     full = vocab // group
-    parts = [getattr(x[:, :full * group].view(rows, full, group), reduce)(-1)] if full else []
+    if out is None:
+        out = torch.empty(rows, -(-vocab // group), dtype=x.dtype, device=x.device)
+    if full:
+        getattr(torch, reduce)(x[:, :full * group].view(rows, full, group), -1, out=out[:, :full])
     if vocab % group:
-        parts.append(getattr(x[:, full * group:], reduce)(-1, keepdim=True))
-    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        getattr(torch, reduce)(x[:, full * group:], -1, keepdim=True, out=out[:, full:])
+    return out
 
 
 def group_max(x: torch.Tensor, group: int = GROUP, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates); written into
-    `out` (that shape, float32) when given: no allocation per call."""
-    if out is None:
-        return _per_group(x, group, "amax")
-    rows, vocab = x.shape
-    full = vocab // group
-    if full:
-        torch.amax(x[:, :full * group].view(rows, full, group), -1, out=out[:, :full])
-    if vocab % group:
-        torch.amax(x[:, full * group:], -1, keepdim=True, out=out[:, full:])
-    return out
+    """x: [R, V] -> [R, ceil(V / group)] max of each run of `group` tokens (NaN propagates); into `out` when
+    given (`_per_group`)."""
+    return _per_group(x, group, "amax", out)
 
 
 def group_sum(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
