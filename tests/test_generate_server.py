@@ -188,7 +188,10 @@ def test_a_stop_request_ends_a_text_request_as_cancelled(triton_server):
     request_id, arrived = "stop-me", queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     client.start_stream(callback=lambda result, error: arrived.put((result, error)))
-    client.async_stream_infer("ensemble", grpc_inputs({"text_input": PROMPT, "max_tokens": 200, "stream": True}),
+    # min_tokens: the sampled sequence cannot end by itself (end id) before the stop arrives (it once drew the
+    # end id at its second token, a final with finish_reason "eos")
+    client.async_stream_infer("ensemble", grpc_inputs({"text_input": PROMPT, "max_tokens": 200, "min_tokens": 200,
+                                                       "stream": True}),
                               request_id=request_id, enable_empty_final_response=True)
     assert arrived.get(timeout=60)[1] is None
     client.async_stream_infer("ensemble", grpc_inputs({"stop": True}), request_id=request_id,
