@@ -166,3 +166,72 @@ def test_step_rows_strip_the_padding() -> None:
                                   StepRow("b", [4], False, True)]
     with pytest.raises(InvalidRequest, match=r"input_ids must be INT32 of shape \[2, N\]"):
         parse_step({**arrays, "input_ids": np.zeros((3, 1), np.int32)})
+
+
+def many(seq_id: str, token: int, steps: int, end: bool = False) -> StepRow:
+    return StepRow(seq_id, [token], False, end, steps=steps)
+
+
+def drawn_ids(answer) -> list[list[int]]:
+    return [[t for t in row if t >= 0] for row in answer.outputs["output_ids"].tolist()]
+
+
+PENALISED = SamplingParams(temperature=0.9, top_k=30, top_p=0.95, repetition_penalty=1.2, bad_words=((7,),), seed=41)
+
+
+def test_a_multi_step_call_draws_what_one_step_calls_draw(artifacts: Path) -> None:
+    """decode_steps: the decoder feeds each drawn token back itself; seeded sequences (penalties and bad words
+    reading the history, a greedy row beside them) get the tokens of one-step calls, row by row."""
+    single, multi = service(artifacts), service(artifacts)
+    rows = [start("a", [1, 2, 3], PENALISED), start("b", [4, 5], GREEDY), start("c", [6], replace(PENALISED, seed=9))]
+    first = [tokens(svc.run([StepRows(rows, want_token=True, want_logits=False)])[0]) for svc in (single, multi)]
+    assert first[0] == first[1]
+    expected = {seq_id: [token] for seq_id, token in zip("abc", first[0])}
+    for _ in range(10):  # 11 tokens a row, as the multi-step calls below draw
+        (answer,) = single.run([StepRows([then(s, expected[s][-1:]) for s in "abc"], want_token=True,
+                                         want_logits=False)])
+        for s, token in zip("abc", tokens(answer)):
+            expected[s].append(token)
+    got = {seq_id: [token] for seq_id, token in zip("abc", first[1])}
+    for steps in ((4, 2, 3), (5, 3, 4), (1, 5, 3)):  # rows asking for different counts in one call
+        (answer,) = multi.run([StepRows([many(s, got[s][-1], n) for s, n in zip("abc", steps)], want_token=True,
+                                        want_logits=False)])
+        assert answer.errors == [None] * 3
+        for s, n, ids in zip("abc", steps, drawn_ids(answer)):
+            assert len(ids) == n
+            got[s] += ids
+        assert answer.outputs["output_id"].reshape(-1).tolist() == [ids[0] for ids in drawn_ids(answer)]
+    assert got == expected
+    assert list(multi.table.get("a").history) == list(single.table.get("a").history)
+
+
+def test_a_multi_step_row_stops_at_an_end_id_and_frees_a_slot_its_request_ended(artifacts: Path) -> None:
+    svc, probe = service(artifacts), service(artifacts)
+    (answer,) = probe.run([StepRows([start("p", [1, 2])], want_token=True, want_logits=False)])
+    following = [tokens(answer)[0]]
+    (answer,) = probe.run([StepRows([many("p", following[0], 3)], want_token=True, want_logits=False)])
+    following += drawn_ids(answer)[0]  # greedy: what comes after the prompt
+    end_id = following[2]
+    for end in (False, True):
+        seq = f"s{end}"
+        svc.run([StepRows([start(seq, [1, 2], end_ids=(end_id,))], want_token=True, want_logits=False)])
+        (answer,) = svc.run([StepRows([many(seq, following[0], 6, end=end)], want_token=True, want_logits=False)])
+        assert drawn_ids(answer) == [following[1:3]]  # the end id is the row's last token
+        assert (svc.engine.pool.state(seq) is None) == end
+
+
+def test_sequence_end_applies_after_a_multi_step_rows_last_step(artifacts: Path) -> None:
+    svc = service(artifacts)
+    (answer,) = svc.run([StepRows([start("s", [1, 2, 3], PENALISED)], want_token=True, want_logits=False)])
+    (answer,) = svc.run([StepRows([many("s", tokens(answer)[0], 4, end=True)], want_token=True, want_logits=False)])
+    assert len(drawn_ids(answer)[0]) == 4 and answer.errors == [None]
+    assert svc.engine.pool.state("s") is None and svc.table.get("s") is None
+
+
+def test_multi_step_is_for_the_fused_sampler_only() -> None:
+    rows = [many("s", 1, 2)]
+    with pytest.raises(InvalidRequest, match="decode_steps > 1 needs the fused sampler"):
+        StepRows(rows, want_token=True, want_logits=True)
+    with pytest.raises(InvalidRequest, match="decode_steps > 1 needs the fused sampler"):
+        StepRows(rows, want_token=True, want_logits=False, exports=("temperature",))
+    StepRows(rows, want_token=True, want_logits=False)

@@ -52,9 +52,12 @@ class ScriptedSteps:
             raise RuntimeError("the whole step failed")
         out = []
         for call in calls:
-            script = self.scripts[self.index_of[call.seq_id]]
-            item = script[len(self.sequences[call.seq_id].ids)]  # the step: tokens sampled so far
-            out.append(item if isinstance(item, Exception) else StepOutput(item))
+            script, seq = self.scripts[self.index_of[call.seq_id]], self.sequences[call.seq_id]
+            items = script[len(seq.ids):len(seq.ids) + call.steps]  # from the step: tokens sampled so far
+            failed = next((item for item in items if isinstance(item, Exception)), None)
+            ends = [i for i, item in enumerate(items) if item in seq.end_ids]  # a multi-step row stops at one
+            items = items[:ends[0] + 1] if ends else items
+            out.append(failed or StepOutput(items[0], more=tuple(items[1:])))
         return out
 
     async def release(self, seq_ids: list[str]) -> None:
@@ -71,12 +74,12 @@ def sequences(tokenizer, steps: ScriptedSteps, count=1, cancelled=lambda: False,
     return out
 
 
-def run(tokenizer, script, cancelled=lambda: False, **fields):
+def run(tokenizer, script, cancelled=lambda: False, decode_steps=1, **fields):
     """One sequence to its end; returns (sequence, steps, streamed chunks, ended)."""
     steps = ScriptedSteps({0: script})
     (seq,) = sequences(tokenizer, steps, cancelled=cancelled, **fields)
     chunks, ended = [], []
-    scheduler = StepScheduler(steps.step, steps.release)
+    scheduler = StepScheduler(steps.step, steps.release, decode_steps=decode_steps, decode_steps_max_rows=4)
     asyncio.run(scheduler.run([seq], lambda s, chunk: chunks.append(chunk) if chunk else ended.append(s)))
     return seq, steps, chunks, ended
 
@@ -223,6 +226,50 @@ def test_a_failed_send_fails_only_its_sequence(tokenizer):
 
     asyncio.run(StepScheduler(steps.step, steps.release).run(seqs, emit))
     assert seqs[0].ids == [5] * 4 and isinstance(seqs[1].error, ConnectionError)
+
+
+def test_multi_step_calls_ask_for_several_tokens_once_the_prompt_is_in(tokenizer):
+    script = word_ids(tokenizer, " é ü 漢字 emoji 🙂 done")[:10]
+    seq, steps, chunks, ended = run(tokenizer, script, decode_steps=4, max_tokens=10, stream=True)
+    calls = calls_of(steps)
+    assert [c.steps for c in calls] == [1, 4, 4, 1]  # the prompt's step, then never past max_tokens
+    assert [c.tokens for c in calls[1:]] == [[script[0]], [script[4]], [script[8]]]
+    assert [c.end for c in calls] == [False, False, False, True] and steps.released == []
+    assert seq.ids == script and ended == [seq] and seq.generation().finish_reason == "length"
+    assert [len(c.ids) for c in chunks] == [1, 4, 4, 1]  # a call's tokens stream as one chunk
+    assert "".join(c.text for c in chunks) == tokenizer.decode(script)
+
+
+def test_a_multi_step_call_that_ends_early_ends_the_sequence_there(tokenizer):
+    seq, steps, _, _ = run(tokenizer, [5, 6, tokenizer.eos_id, 7, 8], decode_steps=4, max_tokens=10)
+    assert [c.steps for c in calls_of(steps)] == [1, 4]
+    assert seq.ids == [5, 6] and seq.generation().finish_reason == "eos" and steps.released == [seq.seq_id]
+    stop = word_ids(tokenizer, " stop")
+    seq, steps, _, _ = run(tokenizer, [5] + stop + [9] * 8, decode_steps=4, max_tokens=10, stop_words=[" stop"])
+    assert seq.ids == [5] + stop and seq.generation().finish_reason == "stop"
+
+
+def test_multi_step_waits_for_prompts_and_stays_off_big_batches_and_the_checked_path(tokenizer):
+    steps = ScriptedSteps({0: [5] * 12, 1: [6] * 12, 2: [7] * 12})
+    first = sequences(tokenizer, steps, count=2, max_tokens=12)
+    late = sequences(tokenizer, steps, max_tokens=3)[0]
+    steps.index_of[late.seq_id] = 2
+    scheduler = StepScheduler(steps.step, steps.release, decode_steps=4, decode_steps_max_rows=2)
+
+    async def both():
+        early = asyncio.ensure_future(scheduler.run(first, lambda s, c: None))
+        while len(steps.batches) < 2:
+            await asyncio.sleep(0)
+        await scheduler.run([late], lambda s, c: None)
+        await early
+
+    asyncio.run(both())
+    counts = [[c.steps for c in batch] for batch in steps.batches]
+    assert counts[:2] == [[1, 1], [4, 4]]  # two rows decoding: several tokens each
+    assert [1, 1, 1] in counts  # the late prompt's step, and three rows are past decode_steps_max_rows
+    assert first[0].ids == [5] * 12 and first[1].ids == [6] * 12 and late.ids == [7] * 3
+    _, checked, _, _ = run(tokenizer, [5] * 6, decode_steps=4, max_tokens=6, path=SamplerPath.CHECKED)
+    assert {c.steps for c in calls_of(checked)} == {1}
 
 
 def test_batches_are_split_at_max_batch(tokenizer):

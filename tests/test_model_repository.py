@@ -11,7 +11,7 @@ from zerocheck.api.request import GENERATE_INPUTS, TOKEN_INPUTS
 from zerocheck.triton.config import (ConfigError, DecoderParameters, GenerateParameters, ModelConfig,
                                      SamplerParameters, parameters)
 from zerocheck.wire.sampling import SAMPLER_INPUTS, TensorSpec
-from zerocheck.wire.step import DECODER_INPUTS, DECODER_OUTPUTS
+from zerocheck.wire.step import CHECKED_STEP_INPUTS, DECODER_INPUTS, DECODER_OUTPUTS
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 SAMPLER_MODELS = ("zero_check_sampler", "penalties", "softmax", "top_k_top_p", "multinomial", "checked_sampler")
@@ -81,7 +81,7 @@ def test_sampler_models_declare_the_wires_sampling_inputs(model):
 
 @pytest.mark.parametrize("model", ["decoder", "checked_step", "zero_check_step"])
 def test_step_models_declare_the_step_wire(model):
-    assert specs(config(model), "input") == list(DECODER_INPUTS)
+    assert specs(config(model), "input") == list(CHECKED_STEP_INPUTS if model == "checked_step" else DECODER_INPUTS)
     if model == "decoder":
         assert specs(config(model), "output") == list(DECODER_OUTPUTS)
 

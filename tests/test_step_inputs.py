@@ -90,11 +90,29 @@ def test_an_unexpected_row_error_is_named_by_its_type_only():
 
 
 def test_step_results_per_row():
-    outputs = {"output_id": np.array([[5], [0], [7]], np.int32),
+    outputs = {"output_ids": np.array([[5, -1, -1], [0, -1, -1], [7, 8, 9]], np.int32),
                "error": np.array([[b""], [row_error_text(Overloaded("full")).encode()], [b""]], dtype=object)}
     results = step_results(SamplerPath.ZERO_CHECK, outputs, 3)
-    assert results[0] == StepOutput(5) and results[2] == StepOutput(7)
+    assert results[0] == StepOutput(5) and results[2] == StepOutput(7, more=(8, 9))
     assert isinstance(results[1], Overloaded) and str(results[1]) == "full"
+
+
+def test_decode_steps_go_only_when_a_row_asks_for_more_than_one():
+    one = step_arrays([call("a", [1]), call("b", [2])])
+    assert "decode_steps" not in one and [r.steps for r in parse_step(one, V)] == [1, 1]
+    calls = [StepCall("a", [1], False, False, None, SamplerPath.ZERO_CHECK, False, steps=4), call("b", [2])]
+    arrays = step_arrays(calls)
+    assert [r.steps for r in parse_step(arrays, V)] == [4, 1]
+    arrays["decode_steps"][1, 0] = 0
+    with pytest.raises(InvalidRequest, match=r"row 1: decode_steps must be in \[1, 64\], got 0"):
+        parse_step(arrays, V)
+
+
+def test_end_ids_register_without_min_tokens():
+    """A multi-step row stops at its end ids, so they are registered whenever a sequence has some."""
+    arrays = step_arrays([call("a", [1, 2], Registration(SamplingParams(), end_ids=(2, 0)))])
+    assert "min_tokens" not in arrays
+    assert parse_step(arrays, V)[0].registration == Registration(SamplingParams(), 0, (2, 0), 0)
 
 
 def test_release_rows_hold_no_tokens():

@@ -24,7 +24,7 @@ def parse(request, vocab_size: int, step_rows: type):
     steps = parse_step({tensor.name(): tensor.as_numpy() for tensor in request.inputs() if tensor.name() in INPUTS},
                        vocab_size)
     wanted = set(request.requested_output_names())
-    return step_rows(steps, want_token="output_id" in wanted, want_logits="logits" in wanted,
+    return step_rows(steps, want_token=bool(wanted & {"output_id", "output_ids"}), want_logits="logits" in wanted,
                      exports=tuple(name for name in EXPORTS if name in wanted))
 
 
@@ -65,7 +65,9 @@ class TritonPythonModel:
                                   "load): backend, dtype, device; always 1", kind=gauge),
             pb_utils.MetricFamily(name="zerocheck_prefix_cache_reused_tokens_total", description="prompt positions "
                                   "whose keys and values came from the prefix cache instead of the forward",
-                                  kind=counter)]
+                                  kind=counter),
+            pb_utils.MetricFamily(name="zerocheck_decoder_steps_total", description="decoder steps (forwards) run: "
+                                  "one an execute, several for a multi-step call (decode_steps)", kind=counter)]
         self.kv_slots, self.kv_capacity = (family.Metric(labels=labels) for family in self.families[:2])
         self.stage_seconds = {stage: self.families[2].Metric(labels={**labels, "stage": stage})
                               for stage in ("forward", "sample")}
@@ -74,6 +76,7 @@ class TritonPythonModel:
                                                     "device": engine.device})
         self.info.set(1)
         self.reused_tokens = self.families[4].Metric(labels=labels)
+        self.steps = self.families[5].Metric(labels=labels)
         self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):
@@ -87,7 +90,8 @@ class TritonPythonModel:
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
         cache = self.service.engine.prefix_cache
-        before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache is not None else 0)
+        before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache is not None else 0,
+                  self.service.forwards)
         try:
             answers = self.service.run(parsed) if parsed else []
         except Exception as error:  # not a row's fault: every request of the step gets it
@@ -96,6 +100,7 @@ class TritonPythonModel:
             responses[i] = error_response(pb_utils, answer) if isinstance(answer, Exception) else respond(answer)
         self.metrics.increment(self.stage_seconds["forward"], self.service.forward_s - before[0])
         self.metrics.increment(self.stage_seconds["sample"], self.service.sample_s - before[1])
+        self.metrics.increment(self.steps, self.service.forwards - before[3])
         if cache is not None:
             self.metrics.increment(self.reused_tokens, cache.reused_tokens - before[2])
         self.metrics.set(self.kv_slots, self.service.engine.pool.in_use)

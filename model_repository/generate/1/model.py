@@ -60,17 +60,22 @@ def response_parameters_supported() -> bool:
 
 
 class Responses:
-    """The responses of one request, sent one behind so the last carries the final flag (a non-streamed
-    request then gets exactly one response, as the HTTP generate endpoint requires); with
-    `with_parameters` the path fields go as response parameters too."""
+    """The responses of one request. A streamed chunk goes at once (more follow it: at least its sequence's
+    final response); a sequence's final response is held until the next one, so the request's last carries
+    the final flag (a non-streamed request then gets exactly one response, as the HTTP generate endpoint
+    requires). With `with_parameters` the path fields go as response parameters too."""
 
     def __init__(self, sender, with_parameters: bool) -> None:
         self.sender, self.with_parameters, self.pending = sender, with_parameters, None
 
-    def send(self, arrays) -> None:
+    def send(self, arrays, final: bool) -> None:
         if self.pending is not None:
             self._send(self.pending)
-        self.pending = arrays
+            self.pending = None
+        if final:
+            self.pending = arrays
+        else:
+            self._send(arrays)
 
     def close(self, error=None) -> None:
         """The final response: the held one, or the error (never a traceback), or an empty one."""
@@ -107,7 +112,8 @@ class TritonPythonModel:
         self.metrics = GenerateMetrics(pb_utils)
         scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
                                   prefill_tokens=params.prefill_tokens_per_step,
-                                  on_cancel_freed=self.metrics.cancel_freed.observe)
+                                  on_cancel_freed=self.metrics.cancel_freed.observe, decode_steps=params.decode_steps,
+                                  decode_steps_max_rows=params.decode_steps_max_rows)
         self.service = GenerateService(tokenizer, scheduler, limits, params.max_concurrent_sequences,
                                        params.max_queue_size, params.queue_timeout_s, interface=self.interface)
         self.test_delay_s = params.test_delay_ms / 1000.0

@@ -108,7 +108,7 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
             models.setdefault(name, ModelTime()).add(t)
     path = runs[0].path
     decoder = models.get("decoder", ModelTime())
-    steps = max(decoder.executions, 1)
+    steps = max(decoder.steps, 1)  # forwards: a multi-step execute runs several
     samplers = [models.get(m, ModelTime()) for m in SAMPLER_MODELS[path]]
     sampler_ms = (decoder.sample_ns + sum(m.infer_ns for m in samplers)) / steps / 1e6
     decoder_ms = decoder.forward_ns / steps / 1e6

@@ -2,7 +2,8 @@
 
 Triton counts, per model, executions (batches), inferences (requests) and cumulative nanoseconds
 spent queued and computing. The difference of two snapshots over one benchmark run says where that
-run's time went: per execution (one batched decode step) and per inference (one request).
+run's time went: per decoder step (`zerocheck_decoder_steps_total`: one batched forward; a multi-step execute
+runs several) and per inference (one request).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class ModelTime:
     output_ns: int = 0  # compute_output: Triton taking the outputs back
     forward_ns: int = 0  # decoder only: the part of infer spent in the forward (the model's compute)
     sample_ns: int = 0  # decoder only: the part of infer spent in the fused zero-check sampler
+    steps: int = 0  # decoder only: forwards run (an execute of a multi-step call runs several)
 
     def add(self, other: "ModelTime") -> None:
         self.executions += other.executions
@@ -35,12 +37,14 @@ class ModelTime:
         self.output_ns += other.output_ns
         self.forward_ns += other.forward_ns
         self.sample_ns += other.sample_ns
+        self.steps += other.steps
 
     def mean_batch(self) -> float:
         return self.inferences / self.executions if self.executions else 0.0
 
 
 STAGE_SECONDS = re.compile(r'^zerocheck_decoder_seconds_total\{[^}]*stage="(\w+)"[^}]*\} (\S+)$', re.M)
+DECODER_STEPS = re.compile(r'^zerocheck_decoder_steps_total\{[^}]*\} (\S+)$', re.M)
 KV_SLOTS_IN_USE = re.compile(r'^zerocheck_kv_slots_in_use\{[^}]*\} (\S+)$', re.M)
 
 
@@ -56,9 +60,11 @@ def snapshot(http_url: str, metrics_url: str | None = None) -> dict[str, ModelTi
             queue_ns=int(s["queue"]["ns"]), input_ns=int(s["compute_input"]["ns"]),
             infer_ns=int(s["compute_infer"]["ns"]), output_ns=int(s["compute_output"]["ns"]))
     if metrics_url is not None and "decoder" in out:
-        stages = dict(STAGE_SECONDS.findall(requests.get(f"http://{metrics_url}/metrics", timeout=30).text))
+        text = requests.get(f"http://{metrics_url}/metrics", timeout=30).text
+        stages = dict(STAGE_SECONDS.findall(text))
         out["decoder"].forward_ns = int(float(stages.get("forward", 0)) * 1e9)
         out["decoder"].sample_ns = int(float(stages.get("sample", 0)) * 1e9)
+        out["decoder"].steps = sum(int(float(value)) for value in DECODER_STEPS.findall(text))
     return out
 
 
@@ -80,5 +86,5 @@ def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str
         b = before.get(name, ModelTime())
         out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences, a.queue_ns - b.queue_ns,
                               a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns,
-                              a.forward_ns - b.forward_ns, a.sample_ns - b.sample_ns)
+                              a.forward_ns - b.forward_ns, a.sample_ns - b.sample_ns, a.steps - b.steps)
     return out

@@ -21,6 +21,7 @@ class SequenceState:
     min_tokens: int
     prompt_length: int  # 0: the first step's tokens
     history: TokenHistory | None  # kept when penalties or bad words read it
+    end_ids: frozenset[int] = frozenset()  # a multi-step call stops the sequence after drawing one
     fed: int = 0
 
     @classmethod
@@ -31,7 +32,8 @@ class SequenceState:
         early = replace(params, bad_words=params.bad_words + tuple((end,) for end in registration.end_ids)) \
             if registration.min_tokens and registration.end_ids else params
         keeps = params.has_penalties or bool(params.bad_words)  # end-id bans are one token: no history needed
-        return cls(params, early, registration.min_tokens, registration.prompt_length, TokenHistory() if keeps else None)
+        return cls(params, early, registration.min_tokens, registration.prompt_length, TokenHistory() if keeps else None,
+                   frozenset(registration.end_ids))
 
     def feed(self, tokens: list[int]) -> None:
         """The ids of a step that went into the KV cache."""

@@ -8,6 +8,12 @@ in this process: the logits of the zero-check path never leave the decoder (no c
 model, no check layer). A request that asks for `logits` gets them, and for the checked chain each
 row's registered sampling inputs (its `SAMPLER_INPUTS` outputs). Rows fail alone: a refused or failed
 row carries its error, the other rows of the step succeed.
+
+Multi-step (`decode_steps` > 1, zero-check requests only): after the first forward and draw, the rows that
+asked for more tokens step again on the token just drawn, here, without a round trip to `generate`,
+until each has its count or draws one of its registered end ids (`output_ids` holds them in order). The
+draws are the ones one-step calls would make (the same noise counter per sequence), so a seeded sequence
+gets the same tokens either way.
 """
 from __future__ import annotations
 
@@ -44,6 +50,11 @@ class StepRows:
     want_logits: bool = True
     exports: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if any(row.steps > 1 for row in self.steps) and (self.want_logits or self.exports or not self.want_token):
+            raise InvalidRequest("decode_steps > 1 needs the fused sampler: ask for output_id / output_ids and "
+                                 "not for logits or sampler inputs (a chain that samples elsewhere takes one step)")
+
 
 @dataclass
 class StepAnswer:
@@ -55,26 +66,31 @@ class StepAnswer:
 
 class DecoderService:
     """The engine's batched step over the sequences' table entries, then the zero-check sampler on the
-    rows that want a token. forward_s / sample_s: seconds spent in each, summed over the service's life."""
+    rows that want a token. forward_s / sample_s: seconds spent in each, summed over the service's life;
+    forwards: steps run with tokens (a multi-step call runs several)."""
 
     def __init__(self, engine: DecoderEngine, sampler: Any) -> None:
         self.engine, self.sampler = engine, sampler
         self.table = SequenceTable()
         engine.pool.on_release = self.table.drop
         self.forward_s = self.sample_s = 0.0
+        self.forwards = 0
 
     def run(self, requests: Sequence[StepRows]) -> list[StepAnswer]:
         rows = [row for request in requests for row in request.steps]
         states = [SequenceState.register(row.registration or Registration(SamplingParams())) if row.start
                   else self.table.get(row.seq_id) for row in rows]
         began = time.perf_counter()
-        result = self.engine.step([StepRequest(row.seq_id, row.tokens, row.start, row.end) for row in rows])
+        result = self.engine.step([StepRequest(row.seq_id, row.tokens, row.start, row.end and row.steps == 1)
+                                   for row in rows])
         sampled = time.perf_counter()
         self.forward_s += sampled - began
+        self.forwards += any(row.tokens for row in rows)
         errors = [None if error is None else client_error(error) for error in result.errors]
         self._advance(rows, states, errors)
         tokens = self._sample(requests, result.logits, states, errors)
         self.sample_s += time.perf_counter() - sampled
+        drawn = self._more_steps(rows, states, errors, tokens) if any(row.steps > 1 for row in rows) else None
         logits = result.logits.float().cpu().numpy() if any(r.want_logits for r in requests) else None
         answers, begin = [], 0
         for request in requests:
@@ -84,6 +100,7 @@ class DecoderService:
                 answer.outputs["logits"] = logits[begin:end]
             if request.want_token:
                 answer.outputs["output_id"] = tokens[begin:end].reshape(-1, 1)
+                answer.outputs["output_ids"] = tokens[begin:end].reshape(-1, 1) if drawn is None else drawn[begin:end]
             if request.exports:
                 exported = sampler_arrays([_export(state, error) for state, error in
                                            zip(states[begin:end], errors[begin:end])])
@@ -91,6 +108,50 @@ class DecoderService:
             answers.append(answer)
             begin = end
         return answers
+
+    def _more_steps(self, rows: list[StepRow], states: list[SequenceState | None], errors: list[Exception | None],
+                    first: np.ndarray) -> np.ndarray:
+        """The further steps of multi-step rows (see the module docstring): int32 [B, K] of each row's tokens
+        of this call, padded with -1. A row that fails in a later step gets that error (its tokens of the
+        call are dropped); a row that stops at an end id before its last step frees its slot when the
+        request ended it (`sequence_end` applies after the row's last step)."""
+        drawn = np.full((len(rows), max(row.steps for row in rows)), -1, np.int32)
+        drawn[:, 0] = first
+        live = [r for r, row in enumerate(rows) if row.steps > 1 and errors[r] is None and first[r] >= 0
+                and int(first[r]) not in states[r].end_ids]
+        for j in range(1, drawn.shape[1]):
+            live = [r for r in live if rows[r].steps > j]
+            if not live:
+                break
+            began = time.perf_counter()
+            result = self.engine.step([StepRequest(rows[r].seq_id, [int(drawn[r, j - 1])], False,
+                                                   rows[r].end and j == rows[r].steps - 1) for r in live])
+            sampled = time.perf_counter()
+            self.forward_s += sampled - began
+            self.forwards += 1
+            for r, error in zip(live, result.errors):
+                if error is None:
+                    states[r].feed([int(drawn[r, j - 1])])
+                else:
+                    errors[r] = client_error(error)
+            ok = [i for i, r in enumerate(live) if errors[r] is None]
+            if ok:
+                chosen = [states[live[i]] for i in ok]
+                out = self.sampler.sample(result.logits if len(ok) == len(live) else result.logits[ok],
+                                          [s.sampling for s in chosen], [s.ids for s in chosen], [s.step for s in chosen])
+                for i, token, message in zip(ok, out.tokens.cpu().numpy().tolist(), out.errors):
+                    if message:
+                        errors[live[i]] = InternalError(f"the decoder's {message}")
+                    else:
+                        drawn[live[i], j] = token
+            self.sample_s += time.perf_counter() - sampled
+            live = [r for r in live if errors[r] is None and int(drawn[r, j]) not in states[r].end_ids]
+        for r, row in enumerate(rows):
+            if errors[r] is not None and row.steps > 1:
+                drawn[r] = -1
+            elif row.end and row.steps > 1 and drawn[r, row.steps - 1] < 0:  # stopped early: the slot is still held
+                self.engine.release(row.seq_id)
+        return drawn
 
     def _advance(self, rows: list[StepRow], states: list[SequenceState | None], errors: list[Exception | None]) -> None:
         """Feed each row's ids into its entry; a started sequence that holds its slot joins the table

@@ -12,6 +12,13 @@ arrive together, are prefilled a chunk per step, first come first served, while 
 sequences go on decoding in the same steps: an arriving prompt delays the others' next token by one
 bounded chunk, not by its whole prefill.
 
+Multi-step decode: on the zero-check path, while at most `decode_steps_max_rows` sequences run, all of
+them decoding (no prompt going in, none arrived), one call asks the decoder for `decode_steps` tokens of
+each: the decoder draws each token with its fused sampler and feeds it back itself, so the round trip
+between this loop and the decoder (~1-2 ms a step at one stream) is paid once for several tokens. Their
+text streams as one chunk. A sequence that arrives meanwhile waits for the call (a few steps of a small
+batch) before its prefill.
+
 The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
 is tested) without Triton; in the server they are BLS calls (generate/1/model.py). Everything runs
 on one asyncio event loop.
@@ -48,14 +55,20 @@ class StepScheduler:
     """One driver task per sampler path, alive while that path has sequences (see the module docstring)."""
 
     def __init__(self, step: StepBatch, release: Release, max_batch: int = 64, prefill_tokens: int = 0,
-                 on_cancel_freed: Callable[[float], None] = lambda seconds: None) -> None:
+                 on_cancel_freed: Callable[[float], None] = lambda seconds: None, decode_steps: int = 1,
+                 decode_steps_max_rows: int = 0) -> None:
         """prefill_tokens: prompt tokens per step (0: no limit, every prompt in one step).
         on_cancel_freed: called with the seconds from seeing a sequence's cancellation (at the start of
-        an iteration) to its KV slot freed."""
+        an iteration) to its KV slot freed. decode_steps, decode_steps_max_rows: multi-step decode (see the
+        module docstring; 1 or 0: off)."""
         if prefill_tokens < 0:
             raise ValueError(f"prefill_tokens must be >= 0, got {prefill_tokens}")
+        if decode_steps < 1 or decode_steps_max_rows < 0:
+            raise ValueError(f"decode_steps must be >= 1 and decode_steps_max_rows >= 0, got {decode_steps} and "
+                             f"{decode_steps_max_rows}")
         self._step, self._release, self.max_batch = step, release, max_batch
         self.prefill_tokens = prefill_tokens
+        self.decode_steps, self.decode_steps_max_rows = decode_steps, decode_steps_max_rows
         self.on_cancel_freed = on_cancel_freed
         self._arrived: dict[str, list[_Entry]] = {}
         self._drivers: dict[str, asyncio.Task] = {}
@@ -84,7 +97,7 @@ class StepScheduler:
                 running = [entry for entry in active if not entry.seq.done]
                 ended = [entry for entry in active if entry.seq.done]  # before this step, so none is in it
                 self._release_slots(ended)  # its call goes out before the step's: the decoder frees them first
-                stepping_entries, calls = self._plan(running)
+                stepping_entries, calls = self._plan(path, running)
                 stepping = asyncio.ensure_future(self._step_all(path, calls)) if calls else None
                 if stepping is not None:
                     await asyncio.sleep(0)  # the step task runs to its model call before the sends below
@@ -118,10 +131,14 @@ class StepScheduler:
         finally:
             del self._drivers[path]
 
-    def _plan(self, running: list[_Entry]) -> tuple[list[_Entry], list[StepCall]]:
+    def _plan(self, path: SamplerPath, running: list[_Entry]) -> tuple[list[_Entry], list[StepCall]]:
         """This step's rows: every decoding sequence, and prompt chunks within the prefill budget, in
-        arrival order (a prefilling sequence past the budget sits this step out)."""
+        arrival order (a prefilling sequence past the budget sits this step out); several tokens a row
+        when a multi-step call fits (module docstring)."""
         budget = self.prefill_tokens or None
+        steps = self.decode_steps if (path is SamplerPath.ZERO_CHECK and len(running) <= self.decode_steps_max_rows
+                                      and not self._arrived.get(path)
+                                      and not any(entry.seq.prefill_left for entry in running)) else 1
         entries, calls = [], []
         for entry in running:
             if entry.seq.prefill_left and budget is not None:
@@ -130,7 +147,7 @@ class StepScheduler:
                 calls.append(entry.seq.next_call(budget))
                 budget -= len(calls[-1].tokens)
             else:
-                calls.append(entry.seq.next_call())
+                calls.append(entry.seq.next_call(steps=steps))
             entries.append(entry)
         return entries, calls
 

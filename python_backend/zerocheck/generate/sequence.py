@@ -138,8 +138,9 @@ class Sequence:
         """Prompt tokens not yet sent to the decoder."""
         return len(self.prompt_ids) - self.prefilled
 
-    def next_call(self, max_prompt_tokens: int | None = None) -> StepCall:
-        """The next step; while prefilling, at most `max_prompt_tokens` of the prompt (None: all of it)."""
+    def next_call(self, max_prompt_tokens: int | None = None, steps: int = 1) -> StepCall:
+        """The next step; while prefilling, at most `max_prompt_tokens` of the prompt (None: all of it); once the
+        prompt is in, up to `steps` tokens in the call (a multi-step call, never past max_tokens)."""
         step = len(self.ids)
         start = self.prefilled == 0
         self.started = True
@@ -149,14 +150,17 @@ class Sequence:
             tokens = self.prompt_ids[self.prefilled:self.prefilled + self._chunk]
         else:
             self._chunk, tokens = 0, self.ids[-1:]
-        self._sent_end = step == self.max_tokens - 1 and self._chunk == self.prefill_left
+        steps = 1 if self.prefill_left else max(1, min(steps, self.max_tokens - step))
+        self._sent_end = step + steps == self.max_tokens and self._chunk == self.prefill_left
         registration = Registration(self.sampling, self.request.min_tokens, self.end_ids, len(self.prompt_ids)) \
             if start else None
         return StepCall(seq_id=self.seq_id, tokens=tokens, start=start, end=self._sent_end, registration=registration,
-                        path=self.path, want_log_prob=self.request.return_log_probs or self.request.top_log_probs > 0)
+                        path=self.path, want_log_prob=self.request.return_log_probs or self.request.top_log_probs > 0,
+                        steps=steps)
 
     def accept(self, out: StepOutput) -> None:
-        """Apply the sampled token of the step `next_call` asked for."""
+        """Apply the sampled token(s) of the step `next_call` asked for (a multi-step call's in order, up to
+        the one that ends the sequence)."""
         chunk, self._chunk = self._chunk, 0
         self.prefilled += chunk
         if chunk and self.prefill_left:  # a prompt chunk, not the last: nothing to sample yet
@@ -164,16 +168,23 @@ class Sequence:
         self.released = self._sent_end
         self.last_token_ns = time.time_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
-        if out.token in self.end_ids:
+        self._append(out.token, out.log_prob, out.top)
+        for token in out.more:
+            if self.done:
+                break
+            self._append(token, None, ())
+
+    def _append(self, token: int, log_prob: float | None, top: TopLogProbs) -> None:
+        if token in self.end_ids:
             self.finish = "eos"
             return
-        self.ids.append(out.token)
+        self.ids.append(token)
         self._unsent += 1
-        if out.log_prob is not None:
-            self.log_probs.append(out.log_prob)
-            self._unsent_log_probs.append(out.log_prob)
+        if log_prob is not None:
+            self.log_probs.append(log_prob)
+            self._unsent_log_probs.append(log_prob)
         if self.request.top_log_probs:
-            top = out.top[:self.request.top_log_probs]
+            top = top[:self.request.top_log_probs]
             self.top_log_probs.append(top)
             self._unsent_top.append(top)
         if any(ends_with(self.ids, stop) for stop in self.stop_ids):

@@ -125,10 +125,11 @@ class GenerateService:
             for _ in range(taken):
                 self._slots.release()
 
-    async def serve(self, rows: list[Prepared], send: Callable[[dict[str, np.ndarray]], None],
+    async def serve(self, rows: list[Prepared], send: Callable[[dict[str, np.ndarray], bool], None],
                     cancelled: Callable[[], bool] = lambda: False) -> list[Generation]:
         """Generate every requested sequence of every row; streamed chunks and each sequence's final
-        response go to `send`. Raises the error of the first sequence that failed, once all have ended."""
+        response go to `send` (with whether it is that sequence's final one). Raises the error of the first
+        sequence that failed, once all have ended."""
         sequences = {id(seq): (row, seq) for row in rows for seq in
                      (Sequence(self.tokenizer, row.request, row.prompt_ids, row.path, self.limits.max_context, index,
                                cancelled, self.queue_timeout_s) for index in range(row.request.num_return_sequences))}
@@ -136,12 +137,12 @@ class GenerateService:
         def emit(seq: Sequence, chunk: Chunk | None) -> None:
             row = sequences[id(seq)][0]
             if chunk is not None:
-                send(response_arrays(self.interface, row, seq, chunk, final=False))
+                send(response_arrays(self.interface, row, seq, chunk, final=False), False)
                 return
             generation = seq.generation()
             whole = Chunk("", [], []) if row.request.stream else \
                 Chunk(generation.text, generation.ids, generation.log_probs, generation.top_log_probs)
-            send(response_arrays(self.interface, row, seq, whole, final=True))
+            send(response_arrays(self.interface, row, seq, whole, final=True), True)
 
         ordered = [seq for _, seq in sequences.values()]
         await self.scheduler.run(ordered, emit)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping, TypeVar
 
 from zerocheck import REPO_ROOT
+from zerocheck.wire.step import MAX_DECODE_STEPS
 
 # read by ModelConfig itself, or by the Python backend: any model may set them
 SHARED_PARAMETERS = ("artifacts", "EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
@@ -139,15 +140,20 @@ class GenerateParameters:
     max_output_tokens: int
     max_step_batch: int
     prefill_tokens_per_step: int  # 0: no limit
+    decode_steps: int  # tokens a multi-step call asks for (1: one a call)
+    decode_steps_max_rows: int  # multi-step calls while at most this many sequences run (0: never)
     exit_on_dead_instance: bool
     test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
 
     def __post_init__(self) -> None:
         _at_least(1, max_concurrent_sequences=self.max_concurrent_sequences, max_context=self.max_context,
                   max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
-                  max_step_batch=self.max_step_batch)
+                  max_step_batch=self.max_step_batch, decode_steps=self.decode_steps)
         _at_least(0, max_queue_size=self.max_queue_size, queue_timeout_s=self.queue_timeout_s,
-                  prefill_tokens_per_step=self.prefill_tokens_per_step, test_delay_ms=self.test_delay_ms)
+                  prefill_tokens_per_step=self.prefill_tokens_per_step, test_delay_ms=self.test_delay_ms,
+                  decode_steps_max_rows=self.decode_steps_max_rows)
+        if self.decode_steps > MAX_DECODE_STEPS:
+            raise ValueError(f"parameter decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,14 @@ Row r of every tensor is the r-th sequence of the step; ragged id rows are padde
   models' columns), `min_tokens` with the `end_ids` it bans until then, and `prompt_length` (default:
   the start row's tokens, the whole prompt in one step). The decoder keeps them, and the history that
   penalties and bad words read, with the sequence's KV slot; on other rows these inputs are not read.
-  Each is sent only when some starting row of the step sets it off its default, so a decode step
-  carries ids and flags alone.
+  Each is sent only when some starting row of the step sets it off its default (`end_ids` whenever a
+  starting row has any: a multi-step row stops at them), so a decode step carries ids and flags alone.
+- Multi-step: `decode_steps` INT32 (optional, default 1) asks the zero-check path for up to that many tokens
+  of a row in one call: the decoder samples, feeds the token back and steps again in its own process,
+  stopping the row early at one of its registered `end_ids`; `sequence_end` then applies after the row's
+  last step. A request for `logits` (the checked chain samples elsewhere) takes only 1.
 - Outputs: `output_id` INT32 (the zero-check sampler's token; -1 while the prompt is still going in),
+  `output_ids` INT32 [R, K] (every token a row sampled in the call, in order, padded with -1),
   `error` BYTES ("" or "<CODE>: <message>": a row fails alone), `logits` FP32 [R, V] and, for the checked
   chain, every sampler input (SAMPLER_INPUTS) of each row as registered, with its history and step.
 """
@@ -38,18 +43,22 @@ STEP_INPUTS = (TensorSpec("sequence_id", "TYPE_STRING"), TensorSpec("input_ids",
 MIN_TOKENS_INPUT = TensorSpec("min_tokens", "TYPE_INT32", optional=True)
 END_IDS_INPUT = TensorSpec("end_ids", "TYPE_INT32", (-1,), optional=True, ragged=True)
 PROMPT_LENGTH_INPUT = TensorSpec("prompt_length", "TYPE_INT32", optional=True)
+DECODE_STEPS_INPUT = TensorSpec("decode_steps", "TYPE_INT32", optional=True)
 REGISTRATION_INPUTS = (*KNOB_INPUTS, SEED_INPUT, BAD_WORDS_INPUT, *BIAS_INPUTS, MIN_TOKENS_INPUT, END_IDS_INPUT,
                        PROMPT_LENGTH_INPUT)
-DECODER_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS  # also the inputs of the step ensembles
+DECODER_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS + (DECODE_STEPS_INPUT,)  # also zero_check_step's inputs
+CHECKED_STEP_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS  # its chain samples one token a call
 DECODER_OUTPUTS = (TensorSpec("logits", "TYPE_FP32", (-1,)), TensorSpec("output_id", "TYPE_INT32"),
-                   TensorSpec("error", "TYPE_STRING"), *(spec.as_output() for spec in SAMPLER_INPUTS))
+                   TensorSpec("output_ids", "TYPE_INT32", (-1,)), TensorSpec("error", "TYPE_STRING"),
+                   *(spec.as_output() for spec in SAMPLER_INPUTS))
 MAX_END_IDS = 64
+MAX_DECODE_STEPS = 64
 
 # per path: the model one batched step calls, and its outputs (token, row error[, log-probability]). The
 # zero-check path calls `decoder` itself (its sampler is fused after the forward; the one-step ensemble
 # `zero_check_step` would only add a hop), the checked path the ensemble decoder -> check layer.
 STEP_MODELS = {SamplerPath.ZERO_CHECK: "decoder", SamplerPath.CHECKED: "checked_step"}
-STEP_OUTPUTS = {SamplerPath.ZERO_CHECK: ["output_id", "error"],
+STEP_OUTPUTS = {SamplerPath.ZERO_CHECK: ["output_ids", "error"],
                 SamplerPath.CHECKED: ["output_id", "decoder_error", "output_log_prob", "top_ids", "top_log_probs"]}
 
 
@@ -68,7 +77,8 @@ class Registration:
 @dataclass(frozen=True)
 class StepCall:
     """One sequence's row of a step, as `generate` sends it. tokens: the prompt (or its next chunk) until
-    it is in, then the last token; registration: on the sequence's first step only."""
+    it is in, then the last token; registration: on the sequence's first step only; steps: tokens to
+    sample in this call (zero-check path; `decode_steps`)."""
 
     seq_id: str
     tokens: list[int]
@@ -77,6 +87,7 @@ class StepCall:
     registration: Registration | None
     path: SamplerPath
     want_log_prob: bool
+    steps: int = 1
 
 
 TopLogProbs = tuple[tuple[int, float], ...]  # the most likely tokens of one step: (token id, log-probability)
@@ -87,6 +98,7 @@ class StepOutput:
     token: int
     log_prob: float | None = None
     top: TopLogProbs = ()  # the checked path's most likely alternatives, best first
+    more: tuple[int, ...] = ()  # a multi-step row's tokens after `token`, in order
 
 
 @dataclass
@@ -98,6 +110,7 @@ class StepRow:
     start: bool
     end: bool
     registration: Registration | None = None  # on start rows
+    steps: int = 1  # tokens to sample in this call (`decode_steps`)
 
 
 # -- generate's side ---------------------------------------------------------------------------------
@@ -108,6 +121,8 @@ def step_arrays(calls: Sequence[StepCall]) -> dict[str, np.ndarray]:
               "input_ids": padded([call.tokens for call in calls], np.int32),
               "sequence_start": column([call.start for call in calls], bool),
               "sequence_end": column([call.end for call in calls], bool)}
+    if any(call.steps != 1 for call in calls):
+        arrays["decode_steps"] = column([call.steps for call in calls], np.int32)
     registrations = [call.registration for call in calls]
     if any(registrations):
         arrays.update(registration_arrays(registrations, [len(call.tokens) for call in calls]))
@@ -135,6 +150,7 @@ def registration_arrays(registrations: Sequence[Registration | None], sent: Sequ
         arrays["logit_bias_values"] = padded([[b for _, b in p.logit_bias] for p in params], np.float32, 0.0)
     if any(row.min_tokens for row in rows):
         arrays["min_tokens"] = column([row.min_tokens for row in rows], np.int32)
+    if any(row.end_ids for row in rows):
         arrays["end_ids"] = padded([row.end_ids for row in rows], np.int32)
     if any(row.prompt_length not in (0, count) for row, count in zip(rows, sent)):
         arrays["prompt_length"] = column([row.prompt_length for row in rows], np.int32)
@@ -144,14 +160,14 @@ def registration_arrays(registrations: Sequence[Registration | None], sent: Sequ
 def step_results(path: SamplerPath, outputs: dict[str, np.ndarray], rows: int) -> list[StepOutput | Exception]:
     """Per row, the sampled token (and log-probability), or the error the decoder reported for it."""
     token_name, error_name = STEP_OUTPUTS[path][:2]
-    tokens = outputs[token_name].reshape(-1).tolist()
+    tokens = outputs[token_name].reshape(rows, -1).tolist()  # [R, K]: a multi-step row's tokens, padded with -1
     errors = outputs[error_name].reshape(-1).tolist()
     log_probs = outputs["output_log_prob"].reshape(-1).tolist() if "output_log_prob" in outputs else [None] * rows
     tops = [tuple(zip(ids, lps)) for ids, lps in zip(outputs["top_ids"].reshape(rows, -1).tolist(),
                                                      outputs["top_log_probs"].reshape(rows, -1).tolist())] \
         if "top_ids" in outputs else [()] * rows
-    return [row_error(error) or StepOutput(token, log_prob, top)
-            for token, error, log_prob, top in zip(tokens, errors, log_probs, tops)]
+    return [row_error(error) or StepOutput(ids[0], log_prob, top, tuple(t for t in ids[1:] if t != PAD))
+            for ids, error, log_prob, top in zip(tokens, errors, log_probs, tops)]
 
 
 def release_arrays(seq_ids: Sequence[str]) -> dict[str, np.ndarray]:
@@ -180,8 +196,14 @@ def parse_step(arrays: Mapping[str, np.ndarray], vocab_size: int | None = None) 
     if ids.ndim != 2 or ids.shape[0] != rows or ids.dtype.kind not in "iu":
         raise InvalidRequest(f"input_ids must be INT32 of shape [{rows}, N], got {ids.dtype} {list(ids.shape)}")
     starts, ends = arrays["sequence_start"].reshape(-1).tolist(), arrays["sequence_end"].reshape(-1).tolist()
+    counts = scalar_column(arrays, "decode_steps", rows, 1, int)
+    for r, count in enumerate(counts):
+        if not 1 <= count <= MAX_DECODE_STEPS:
+            raise InvalidRequest(("" if rows == 1 else f"row {r}: ") +
+                                 f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got {count}")
     steps = [StepRow(seq_id.decode() if isinstance(seq_id, bytes) else str(seq_id), unpadded(row).tolist(),
-                     bool(start), bool(end)) for seq_id, row, start, end in zip(seq_ids, ids, starts, ends)]
+                     bool(start), bool(end), steps=count)
+             for seq_id, row, start, end, count in zip(seq_ids, ids, starts, ends, counts)]
     if any(starts):
         for r, (step, registration) in enumerate(zip(steps, parse_registrations(arrays, starts, vocab_size))):
             step.registration = registration
