@@ -16,7 +16,7 @@ Multi-step decode: on the zero-check path, while at most `decode_steps_max_rows`
 them decoding (no prompt going in, none arrived), one call asks the decoder for `decode_steps` tokens of
 each: the decoder draws each token with its fused sampler and feeds it back itself, so the round trip
 between this loop and the decoder (~1-2 ms a step at one stream) is paid once for several tokens. Their
-text streams as one chunk. A sequence that arrives meanwhile waits for the call (a few steps of a small
+responses go out together (still `stream_interval` tokens each). A sequence that arrives meanwhile waits for the call (a few steps of a small
 batch) before its prefill.
 
 The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
@@ -173,8 +173,7 @@ class StepScheduler:
         if seq.error is not None:
             return
         try:
-            chunk = seq.take_chunk()
-            if chunk is not None:
+            while (chunk := seq.take_chunk()) is not None:  # several after a multi-step call
                 entry.emit(seq, chunk)
             if seq.done and seq.error is None:
                 entry.emit(seq, None)

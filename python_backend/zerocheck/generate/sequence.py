@@ -211,13 +211,18 @@ class Sequence:
         self.finish, self.error = "error", error
 
     def take_chunk(self) -> Chunk | None:
-        """For a streamed request, the piece due now: `stream_interval` new ids, or what is left once done."""
-        if not self.request.stream or (not self.done and self._unsent < self.request.stream_interval):
+        """For a streamed request, the next piece due: `stream_interval` new ids (a multi-step call's tokens
+        make several pieces), or what is left once done; None when none is due."""
+        interval = self.request.stream_interval
+        if not self.request.stream or (not self.done and self._unsent < interval):
             return None
-        ids = self.ids[len(self.ids) - self._unsent:] if self._unsent else []
-        text = self._detok.push(ids) + (self._detok.flush() if self.done else "")
-        chunk = Chunk(text, ids, self._unsent_log_probs, self._unsent_top)
-        self._unsent, self._unsent_log_probs, self._unsent_top = 0, [], []
+        count = min(self._unsent, interval)
+        first = len(self.ids) - self._unsent
+        ids = self.ids[first:first + count]
+        text = self._detok.push(ids) + (self._detok.flush() if self.done and count == self._unsent else "")
+        chunk = Chunk(text, ids, self._unsent_log_probs[:count], self._unsent_top[:count])
+        self._unsent -= count
+        self._unsent_log_probs, self._unsent_top = self._unsent_log_probs[count:], self._unsent_top[count:]
         return chunk if chunk.ids or chunk.text else None
 
     def generation(self) -> Generation:
