@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, attention_kernel, load_decoder
-from zerocheck.decoder.packed import INT4_GROUP, PackedTransformer, _linear_int4, _pack_int4, int4_supported, packing_available
+from zerocheck.decoder.packed import (INT4_GROUP, PackedTransformer, _linear_int4, _nearest_bf16_pair, _pack_int4,
+                                      int4_supported, packing_available)
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="no oneDNN bf16 on this CPU / torch")
 
@@ -122,6 +123,29 @@ def test_int4_codes_give_back_q4_1_weights() -> None:
     dequantised = _linear_int4(torch.eye(inputs, dtype=torch.bfloat16), _pack_int4(weight)).float().t()
     slack = (16 * step + low.abs()).expand(-1, -1, INT4_GROUP).reshape(rows, inputs) * 2**-7  # bf16 d and m
     assert bool(((dequantised - weight).abs() <= slack).all())
+
+
+def test_the_bf16_scale_and_zero_pair_is_the_best_of_its_neighbours() -> None:
+    """Each group's bf16 (scale, zero) reproduces it at least as well as rounding both (never NaN, also for a
+    zero of exactly 0 and tiny scales), and better for many groups."""
+    generator = torch.Generator().manual_seed(5)
+    groups = torch.randn(256, 6, INT4_GROUP, generator=generator) * 0.03
+    groups[0, 0] = torch.linspace(-1e-3, 1e-3, INT4_GROUP)  # its zero rounds to exactly 0: a step below is NaN
+    groups[1, 0] = 1e-30  # a flat group: the tiny scale
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = (high - low).clamp(min=torch.finfo(torch.float32).tiny) / 15
+    centred = torch.round((groups - low) / scale).clamp_(0, 15) - 8
+    zero = low + 8 * scale
+
+    def error(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return (centred * s.float() + z.float() - groups).square().sum(-1)
+
+    rounded = error(scale.to(torch.bfloat16), zero.to(torch.bfloat16))
+    chosen_scale, chosen_zero = _nearest_bf16_pair(groups, centred, scale, zero)
+    assert chosen_scale.dtype == chosen_zero.dtype == torch.bfloat16
+    assert bool(torch.isfinite(chosen_scale).all()) and bool(torch.isfinite(chosen_zero).all())
+    chosen = error(chosen_scale, chosen_zero)
+    assert bool((chosen <= rounded).all()) and (chosen < rounded).float().mean() > 0.3
 
 
 def test_int4_serves_one_row_steps_only() -> None:

@@ -62,15 +62,45 @@ class _Int4:
 
 
 def _pack_int4(weight: torch.Tensor) -> _Int4:
-    """Asymmetric min-max int4 codes per group of INT4_GROUP inputs of weight [N, K] (K a multiple of it)."""
+    """Asymmetric min-max int4 codes per group of INT4_GROUP inputs of weight [N, K] (K a multiple of it), with
+    the bf16 scale and zero (`_nearest_bf16_pair`) that reproduce each group best."""
     rows, inputs = weight.shape
     groups = weight.detach().to(torch.float32).reshape(rows, inputs // INT4_GROUP, INT4_GROUP)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     scale = (high - low).clamp(min=torch.finfo(torch.float32).tiny) / 15
-    codes = torch.round((groups - low) / scale).clamp_(0, 15).to(torch.int32).reshape(rows, inputs)
-    zero = low + 8 * scale
-    return _Int4(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
-                 torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16))
+    codes = torch.round((groups - low) / scale).clamp_(0, 15)
+    scale, zero = _nearest_bf16_pair(groups, codes - 8, scale, low + 8 * scale)
+    return _Int4(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).reshape(rows, inputs), 1),
+                 torch.cat([scale, zero], -1).transpose(0, 1).contiguous())
+
+
+def _nearest_bf16_pair(groups: torch.Tensor, centred: torch.Tensor, scale: torch.Tensor,
+                       zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 (scale, zero) of each group, among each one's bf16 rounding and its two neighbours, whose
+    weights `centred * scale + zero` are nearest `groups` (least squares). The int4 kernel takes bf16 scales and
+    zeros; rounding each on its own shifts a whole group of 32 weights the same way (one rounding error times
+    up to 8 codes), where a neighbour pair can cancel part of it (GGUF Q4_1 weights: their codes come back
+    exactly, so this is all the int4 copy loses)."""
+    c, w = centred.double(), groups.double()  # the squared error of a pair from five sums a group, in float64
+    cc, c1, cw, w1, ww = (c * c).sum(-1, True), c.sum(-1, True), (c * w).sum(-1, True), w.sum(-1, True), \
+        (w * w).sum(-1, True)
+    n = groups.shape[-1]
+
+    def error(pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        s, z = (value.double() for value in pair)
+        return s * s * cc + 2 * s * z * c1 - 2 * s * cw + n * z * z - 2 * z * w1 + ww
+
+    rounded = best = (scale.to(torch.bfloat16), zero.to(torch.bfloat16))
+    best_error = error(best)
+    for step_scale, step_zero in ((s, z) for s in (-1, 0, 1) for z in (-1, 0, 1) if s or z):
+        # one bf16 step either way (a step off +0 or the largest finite value gives NaN or inf: never better)
+        pair = tuple((value.view(torch.int16) + step).view(torch.bfloat16)
+                     for value, step in zip(rounded, (step_scale, step_zero)))
+        candidate = error(pair)
+        better = candidate < best_error
+        best_error = torch.where(better, candidate, best_error)
+        best = tuple(torch.where(better, new, old) for new, old in zip(pair, best))
+    return best
 
 
 def _linear_int4(x: torch.Tensor, weight: _Int4) -> torch.Tensor:
