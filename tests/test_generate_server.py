@@ -228,6 +228,14 @@ def test_unsupported_combination_degrades_to_checked(triton_server):
     assert all(lp <= 0 for r in responses for lp in r.get("output_log_probs", []))
 
 
+def step_inputs(rows: dict) -> list:
+    """gRPC inputs of a step request (name -> numpy array)."""
+    inputs = [grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype)) for name, array in rows.items()]
+    for tensor, array in zip(inputs, rows.values()):
+        tensor.set_data_from_numpy(array)
+    return inputs
+
+
 @pytest.mark.parametrize("model", ["zero_check_step", "checked_step"])
 def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server, model):
     """What generate sends each iteration: one request, a row per sequence (prompts padded with -1).
@@ -237,16 +245,47 @@ def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server
             "sequence_start": np.array([[True], [False], [True]]),  # row 1 was never started
             "sequence_end": np.array([[True], [True], [True]]),
             "temperature": np.zeros((3, 1), np.float32)}
-    inputs = [grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype)) for name, array in rows.items()]
-    for tensor, array in zip(inputs, rows.values()):
-        tensor.set_data_from_numpy(array)
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
-        result = client.infer(model, inputs)
+        result = client.infer(model, step_inputs(rows))
     errors = [e.decode() for e in result.as_numpy("decoder_error").reshape(-1)]
     assert errors[0] == errors[2] == "" and errors[1].startswith("INVALID_ARGUMENT: sequence") and "no KV cache slot" in errors[1]
     tokens = result.as_numpy("output_id").reshape(-1)
     assert 0 <= tokens[0] < 600 and 0 <= tokens[2] < 600
     assert slots_in_use(triton_server) == 0
+
+
+def test_a_multi_step_call_through_the_server_draws_what_single_steps_draw(triton_server):
+    """decode_steps over Triton: a seeded sequence's tokens in output_ids, 3 a call, are those of one-step
+    calls to zero_check_step; sequence_end frees the slot after the row's last step; a request for logits
+    (a chain that samples elsewhere) with decode_steps > 1 is refused naming it."""
+    def call(model, seq_id, tokens, start, end, steps=1, outputs=("output_ids",)):
+        rows = {"sequence_id": np.array([[seq_id.encode()]], dtype=object), "input_ids": np.array([tokens], np.int32),
+                "sequence_start": np.array([[start]]), "sequence_end": np.array([[end]]),
+                "temperature": np.full((1, 1), 0.9, np.float32), "top_k": np.full((1, 1), 40, np.int32),
+                "random_seed": np.full((1, 1), 77, np.uint64)}
+        if steps > 1:
+            rows["decode_steps"] = np.full((1, 1), steps, np.int32)
+        if not start:
+            rows = {k: v for k, v in rows.items() if k not in ("temperature", "top_k", "random_seed")}
+        with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+            result = client.infer(model, step_inputs(rows), outputs=[grpcclient.InferRequestedOutput(n) for n in outputs])
+        return [t for t in result.as_numpy(outputs[0]).reshape(-1).tolist() if t >= 0]
+
+    prompt = [5, 6, 7, 8]
+    single = call("zero_check_step", "single", prompt, True, False)
+    while len(single) < 10:
+        single += call("zero_check_step", "single", single[-1:], False, len(single) == 9)
+    multi = call("decoder", "multi", prompt, True, False)
+    for steps, end in ((3, False), (3, False), (3, True)):
+        multi += call("decoder", "multi", multi[-1:], False, end, steps)
+    assert multi == single
+    assert slots_in_use(triton_server) == 0
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        rows = {"sequence_id": np.array([[b"logits"]], dtype=object), "input_ids": np.array([[5]], np.int32),
+                "sequence_start": np.array([[True]]), "sequence_end": np.array([[True]]),
+                "decode_steps": np.full((1, 1), 2, np.int32)}
+        with pytest.raises(Exception, match="decode_steps > 1 needs the fused sampler"):
+            client.infer("decoder", step_inputs(rows), outputs=[grpcclient.InferRequestedOutput("logits")])
 
 
 def test_the_decoder_says_what_it_runs_with(triton_server):
