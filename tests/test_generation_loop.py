@@ -171,13 +171,8 @@ def test_non_streamed_text_includes_the_prompt_unless_excluded(tokenizer):
     assert seq.generation().text == tokenizer.decode([5, 6])
 
 
-def test_concurrent_sequences_share_each_step_and_join_and_leave(tokenizer):
-    steps = ScriptedSteps({0: [5] * 6, 1: [6, tokenizer.eos_id], 2: [7] * 6})
-    first = sequences(tokenizer, steps, count=2, max_tokens=6)
-    late = sequences(tokenizer, steps, max_tokens=3)[0]
-    steps.index_of[late.seq_id] = 2
-    scheduler = StepScheduler(steps.step, steps.release)
-
+def join_late(scheduler: StepScheduler, steps: ScriptedSteps, first: list[Sequence], late: Sequence) -> None:
+    """Run `first` to their end, `late` joining once two batches went out."""
     async def both():
         early = asyncio.ensure_future(scheduler.run(first, lambda s, c: None))
         while len(steps.batches) < 2:
@@ -186,6 +181,16 @@ def test_concurrent_sequences_share_each_step_and_join_and_leave(tokenizer):
         await early
 
     asyncio.run(both())
+
+
+def test_concurrent_sequences_share_each_step_and_join_and_leave(tokenizer):
+    steps = ScriptedSteps({0: [5] * 6, 1: [6, tokenizer.eos_id], 2: [7] * 6})
+    first = sequences(tokenizer, steps, count=2, max_tokens=6)
+    late = sequences(tokenizer, steps, max_tokens=3)[0]
+    steps.index_of[late.seq_id] = 2
+    scheduler = StepScheduler(steps.step, steps.release)
+
+    join_late(scheduler, steps, first, late)
     rows = [sorted(steps.index_of[c.seq_id] for c in batch) for batch in steps.batches]
     assert rows[:2] == [[0, 1], [0, 1]]  # together from the start; 1 ends with eos at its second step
     assert [0, 2] in rows and all(len(r) <= 2 for r in rows[2:])  # the late one joins, the ended one left
@@ -256,14 +261,7 @@ def test_multi_step_waits_for_prompts_and_stays_off_big_batches_and_the_checked_
     steps.index_of[late.seq_id] = 2
     scheduler = StepScheduler(steps.step, steps.release, decode_steps=4, decode_steps_max_rows=2)
 
-    async def both():
-        early = asyncio.ensure_future(scheduler.run(first, lambda s, c: None))
-        while len(steps.batches) < 2:
-            await asyncio.sleep(0)
-        await scheduler.run([late], lambda s, c: None)
-        await early
-
-    asyncio.run(both())
+    join_late(scheduler, steps, first, late)
     counts = [[c.steps for c in batch] for batch in steps.batches]
     assert counts[:2] == [[1, 1], [4, 4]]  # two rows decoding: several tokens each
     assert [1, 1, 1] in counts  # the late prompt's step, and three rows are past decode_steps_max_rows
