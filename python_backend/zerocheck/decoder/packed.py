@@ -104,6 +104,8 @@ def _nearest_bf16_pair(groups: torch.Tensor, centred: torch.Tensor, scale: torch
 
 
 def _linear_int4(x: torch.Tensor, weight: _Int4) -> torch.Tensor:
+    if x.dim() == 2:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.packed, INT4_GROUP, weight.scales_and_zeros)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), weight.packed, INT4_GROUP,
                                                      weight.scales_and_zeros)
     return out.view(*x.shape[:-1], out.shape[-1])
@@ -190,18 +192,21 @@ class PackedTransformer:
         a forward that fails leaves them past the length, unseen), and every query attends to its slot's
         first lengths[b] + t + 1 positions. Returns the logits [B, V] float32 at each row's last real token.
         With `compiled`, one-token steps attend with the compiled kernel (other steps with torch) and every
-        step's glue between the GEMMs is `layer_kernel`'s.
+        step's glue between the GEMMs is `layer_kernel`'s; such a step's activations are [B, width] matrices
+        (not [B, 1, width]): each GEMM and kernel call takes them as they are, without a reshape and a view
+        around it (~15 tensor-metadata calls a layer, ~0.5 ms of a one-row step).
         """
         b, t = tokens.shape
         positions = lengths[:, None] + torch.arange(t)
         angles = rotary_cos_sin(positions, self.inv_freq)
-        if self.compiled and t == 1:
+        decode = self.compiled and t == 1
+        if decode:
             attend = _CompiledAttention(self.config, angles, lengths, slots, keys, values)
         else:
             attend = _TorchAttention(self.config, angles, counts, lengths, slots, keys, values)
         glue = _CompiledGlue(self, b * t) if self.compiled else _TorchGlue(self)
         single = b * t == 1
-        x = F.embedding(tokens, self.embedding)
+        x = F.embedding(tokens[:, 0] if decode else tokens, self.embedding)
         normed = glue.norm(x, 0)
         for i, layer in enumerate(self.layers):
             if single and layer.int4 is not None:
@@ -215,6 +220,8 @@ class PackedTransformer:
             x, normed = glue.add_norm(x, linear(attend(i, qkv), o_weight), 2 * i + 1)
             activated = glue.silu_mul(linear(normed, gate_up_weight))
             x, normed = glue.add_norm(x, linear(activated, down_weight), 2 * i + 2)  # the next layer's or the final norm
+        if decode:
+            return _linear(normed, self.lm_head).to(torch.float32)
         index = (counts - 1).view(-1, 1, 1).expand(-1, 1, normed.shape[-1])
         return _linear(torch.gather(normed, 1, index).squeeze(1), self.lm_head).to(torch.float32)
 
@@ -253,19 +260,30 @@ class _CompiledGlue:
         self.x_bits = None
 
     def norm(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        """The first norm; `x` (a fresh [B, T, H] tensor) becomes the residual stream, updated in place."""
+        """The first norm; `x` (a fresh [B, T, H] or, in a compiled one-token step, [B, H] tensor) becomes the
+        residual stream, updated in place."""
         self.x_bits = attention_kernel.as_bits(x.view(-1, self.hidden))
         layer_kernel.rms_norm(self.x_bits, self.norm_bits[k], self.eps, self.normed_bits)
-        return self.normed.view(x.shape)
+        return _like(self.normed, x)
 
     def add_norm(self, x: torch.Tensor, delta: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        layer_kernel.add_rms_norm(self.x_bits, attention_kernel.as_bits(delta.reshape(-1, self.hidden)),
-                                  self.norm_bits[k], self.eps, self.normed_bits)
-        return x, self.normed.view(x.shape)
+        layer_kernel.add_rms_norm(self.x_bits, attention_kernel.as_bits(_matrix(delta)), self.norm_bits[k], self.eps,
+                                  self.normed_bits)
+        return x, _like(self.normed, x)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        layer_kernel.silu_mul(attention_kernel.as_bits(gate_up.reshape(-1, gate_up.shape[-1])), self.activated_bits)
-        return self.activated.view(*gate_up.shape[:-1], -1)
+        layer_kernel.silu_mul(attention_kernel.as_bits(_matrix(gate_up)), self.activated_bits)
+        return self.activated if gate_up.dim() == 2 else self.activated.view(*gate_up.shape[:-1], -1)
+
+
+def _matrix(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, width] (itself when it is one already: no view call)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _like(buffer: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A step's [rows, width] buffer shaped as x (itself for a matrix x)."""
+    return buffer if x.dim() == 2 else buffer.view(x.shape)
 
 
 class _CompiledAttention:
@@ -281,14 +299,13 @@ class _CompiledAttention:
         self.loop = attention_kernel.step_loop(self.lengths, self.kv_heads)  # once for every layer
         self.scale = np.float32(config.head_dim**-0.5)
         # one output for every layer: o_proj reads it before the next layer's call writes it again
-        self.attended = torch.empty(rows, 1, self.width, dtype=torch.bfloat16)
-        self.attended_bits = attention_kernel.as_bits(self.attended.view(rows, self.width))
+        self.attended = torch.empty(rows, self.width, dtype=torch.bfloat16)
+        self.attended_bits = attention_kernel.as_bits(self.attended)
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
-        """qkv: [B, 1, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, 1, H x D] bfloat16 (the step's buffer)."""
-        self.loop(attention_kernel.as_bits(qkv.reshape(qkv.shape[0], -1)), self.cos, self.sin, self.slots,
-                  self.lengths, self.keys[layer], self.values[layer], self.attended_bits, self.heads, self.kv_heads,
-                  self.scale)
+        """qkv: [B, (H + 2 Hkv) x D] bfloat16 -> the attended heads [B, H x D] bfloat16 (the step's buffer)."""
+        self.loop(attention_kernel.as_bits(qkv), self.cos, self.sin, self.slots, self.lengths, self.keys[layer],
+                  self.values[layer], self.attended_bits, self.heads, self.kv_heads, self.scale)
         return self.attended
 
 
