@@ -32,8 +32,8 @@ class SequenceState:
         early = replace(params, bad_words=params.bad_words + tuple((end,) for end in registration.end_ids)) \
             if registration.min_tokens and registration.end_ids else params
         keeps = params.has_penalties or bool(params.bad_words)  # end-id bans are one token: no history needed
-        return cls(params, early, registration.min_tokens, registration.prompt_length, TokenHistory() if keeps else None,
-                   frozenset(registration.end_ids))
+        return cls(params, early, registration.min_tokens, registration.prompt_length,
+                   TokenHistory() if keeps else None, frozenset(registration.end_ids))
 
     def feed(self, tokens: list[int]) -> None:
         """The ids of a step that went into the KV cache."""

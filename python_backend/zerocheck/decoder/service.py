@@ -138,7 +138,8 @@ class DecoderService:
             if ok:
                 chosen = [states[live[i]] for i in ok]
                 out = self.sampler.sample(result.logits if len(ok) == len(live) else result.logits[ok],
-                                          [s.sampling for s in chosen], [s.ids for s in chosen], [s.step for s in chosen])
+                                          [s.sampling for s in chosen], [s.ids for s in chosen],
+                                          [s.step for s in chosen])
                 for i, token, message in zip(ok, out.tokens.cpu().numpy().tolist(), out.errors):
                     if message:
                         errors[live[i]] = InternalError(f"the decoder's {message}")
