@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
-from zerocheck.decoder.engine import DecoderEngine, StepRequest
+from zerocheck.decoder.engine import DecoderEngine, StepRequest, StepResult
 from zerocheck.decoder.errors import DecoderError, PoolFullError
 from zerocheck.decoder.sequences import SequenceState, SequenceTable
 from zerocheck.sampling.params import SamplingParams
@@ -80,12 +80,9 @@ class DecoderService:
         rows = [row for request in requests for row in request.steps]
         states = [SequenceState.register(row.registration or Registration(SamplingParams())) if row.start
                   else self.table.get(row.seq_id) for row in rows]
-        began = time.perf_counter()
-        result = self.engine.step([StepRequest(row.seq_id, row.tokens, row.start, row.end and row.steps == 1)
-                                   for row in rows])
+        result = self._forward([StepRequest(row.seq_id, row.tokens, row.start, row.end and row.steps == 1)
+                                for row in rows])
         sampled = time.perf_counter()
-        self.forward_s += sampled - began
-        self.forwards += any(row.tokens for row in rows)
         errors = [None if error is None else client_error(error) for error in result.errors]
         self._advance(rows, states, errors)
         tokens = self._sample(requests, result.logits, states, errors)
@@ -123,12 +120,9 @@ class DecoderService:
             live = [r for r in live if rows[r].steps > j]
             if not live:
                 break
-            began = time.perf_counter()
-            result = self.engine.step([StepRequest(rows[r].seq_id, [int(drawn[r, j - 1])], False,
-                                                   rows[r].end and j == rows[r].steps - 1) for r in live])
+            result = self._forward([StepRequest(rows[r].seq_id, [int(drawn[r, j - 1])], False,
+                                                rows[r].end and j == rows[r].steps - 1) for r in live])
             sampled = time.perf_counter()
-            self.forward_s += sampled - began
-            self.forwards += 1
             for r, error in zip(live, result.errors):
                 if error is None:
                     states[r].feed([int(drawn[r, j - 1])])
@@ -136,15 +130,12 @@ class DecoderService:
                     errors[r] = client_error(error)
             ok = [i for i, r in enumerate(live) if errors[r] is None]
             if ok:
-                chosen = [states[live[i]] for i in ok]
-                out = self.sampler.sample(result.logits if len(ok) == len(live) else result.logits[ok],
-                                          [s.sampling for s in chosen], [s.ids for s in chosen],
-                                          [s.step for s in chosen])
-                for i, token, message in zip(ok, out.tokens.cpu().numpy().tolist(), out.errors):
-                    if message:
-                        errors[live[i]] = InternalError(f"the decoder's {message}")
-                    else:
+                tokens, failed = self._draw(result.logits, ok, [states[live[i]] for i in ok])
+                for i, token, error in zip(ok, tokens.tolist(), failed):
+                    if error is None:
                         drawn[live[i], j] = token
+                    else:
+                        errors[live[i]] = error
             self.sample_s += time.perf_counter() - sampled
             live = [r for r in live if errors[r] is None and int(drawn[r, j]) not in states[r].end_ids]
         for r, row in enumerate(rows):
@@ -179,15 +170,28 @@ class DecoderService:
                          if errors[r] is None and states[r] is not None and states[r].step >= 0]
             begin += len(request.steps)
         if rows:
-            chosen = [states[r] for r in rows]
-            x = logits if rows == list(range(len(logits))) else logits[rows]  # the common case: no copy
-            out = self.sampler.sample(x, [s.sampling for s in chosen], [s.ids for s in chosen],
-                                      [s.step for s in chosen])
-            tokens[rows] = out.tokens.cpu().numpy()
-            for row, message in zip(rows, out.errors):
-                if message:
-                    errors[row] = InternalError(f"the decoder's {message}")
+            tokens[rows], failed = self._draw(logits, rows, [states[r] for r in rows])
+            for row, error in zip(rows, failed):
+                if error is not None:
+                    errors[row] = error
         return tokens
+
+    def _forward(self, requests: list[StepRequest]) -> StepResult:
+        """The engine's step, timed into forward_s and counted in forwards when it computes any row."""
+        began = time.perf_counter()
+        result = self.engine.step(requests)
+        self.forward_s += time.perf_counter() - began
+        self.forwards += any(request.tokens for request in requests)
+        return result
+
+    def _draw(self, logits, index: list[int], states: list[SequenceState]) -> tuple[np.ndarray, list[Exception | None]]:
+        """The zero-check sampler on rows `index` of `logits` (all of them, not copied, in the common case), each
+        with its sequence's registered sampling, history and step: int32 tokens, and per row the error of one
+        the sampler refuses (NaN logits)."""
+        x = logits if index == list(range(len(logits))) else logits[index]
+        out = self.sampler.sample(x, [s.sampling for s in states], [s.ids for s in states], [s.step for s in states])
+        return out.tokens.cpu().numpy(), [InternalError(f"the decoder's {message}") if message else None
+                                          for message in out.errors]
 
 
 def _export(state: SequenceState | None, error: Exception | None) -> SamplerRow:
