@@ -36,7 +36,7 @@ from zerocheck.api.sampler_path import SamplerPath
 from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.sampling import (BAD_WORDS_INPUT, BIAS_INPUTS, KNOB_INPUTS, PAD, SAMPLER_INPUTS, SEED_INPUT,
                                      TensorSpec, column, encode_word_lists, id_rows, padded, parse_sampling,
-                                     scalar_column, unpadded)
+                                     scalar_column, unpadded, with_row)
 
 STEP_INPUTS = (TensorSpec("sequence_id", "TYPE_STRING"), TensorSpec("input_ids", "TYPE_INT32", (-1,), ragged=True),
                TensorSpec("sequence_start", "TYPE_BOOL"), TensorSpec("sequence_end", "TYPE_BOOL"))
@@ -199,8 +199,7 @@ def parse_step(arrays: Mapping[str, np.ndarray], vocab_size: int | None = None) 
     counts = scalar_column(arrays, "decode_steps", rows, 1, int)
     for r, count in enumerate(counts):
         if not 1 <= count <= MAX_DECODE_STEPS:
-            raise InvalidRequest(("" if rows == 1 else f"row {r}: ") +
-                                 f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got {count}")
+            raise with_row(InvalidRequest(f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got {count}"), r, rows)
     steps = [StepRow(seq_id.decode() if isinstance(seq_id, bytes) else str(seq_id), unpadded(row).tolist(),
                      bool(start), bool(end), steps=count)
              for seq_id, row, start, end, count in zip(seq_ids, ids, starts, ends, counts)]
@@ -208,8 +207,8 @@ def parse_step(arrays: Mapping[str, np.ndarray], vocab_size: int | None = None) 
         for r, (step, registration) in enumerate(zip(steps, parse_registrations(arrays, starts, vocab_size))):
             step.registration = registration
             if registration is not None and 0 < registration.prompt_length < len(step.tokens):
-                raise InvalidRequest(("" if rows == 1 else f"row {r}: ") + "prompt_length must be 0 or at least the "
-                                     f"first step's {len(step.tokens)} tokens, got {registration.prompt_length}")
+                raise with_row(InvalidRequest(f"prompt_length must be 0 or at least the first step's "
+                                              f"{len(step.tokens)} tokens, got {registration.prompt_length}"), r, rows)
     return steps
 
 
@@ -228,8 +227,7 @@ def parse_registrations(arrays: Mapping[str, np.ndarray], starts: Sequence[bool]
             continue
         for name, value in (("min_tokens", min_tokens[r]), ("prompt_length", prompt_length[r])):
             if value < 0:
-                raise InvalidRequest(f"{name} must be >= 0, got {value}" if rows == 1 else
-                                     f"row {r}: {name} must be >= 0, got {value}")
+                raise with_row(InvalidRequest(f"{name} must be >= 0, got {value}"), r, rows)
         out.append(Registration(params[r], min_tokens[r], tuple(end_ids[r].tolist()), prompt_length[r]))
     return out
 
