@@ -104,11 +104,8 @@ def _nearest_bf16_pair(groups: torch.Tensor, centred: torch.Tensor, scale: torch
 
 
 def _linear_int4(x: torch.Tensor, weight: _Int4) -> torch.Tensor:
-    if x.dim() == 2:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, weight.packed, INT4_GROUP, weight.scales_and_zeros)
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), weight.packed, INT4_GROUP,
-                                                     weight.scales_and_zeros)
-    return out.view(*x.shape[:-1], out.shape[-1])
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(_matrix(x), weight.packed, INT4_GROUP, weight.scales_and_zeros)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def int4_supported(config: DecoderConfig) -> bool:
