@@ -19,10 +19,11 @@ def randn(*shape: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
     return (scale * torch.randn(*shape, generator=generator)).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("rows", [1, 7, layer_kernel.PARALLEL_ROWS, 3 * layer_kernel.PARALLEL_ROWS + 1])
 def test_add_rms_norm_is_the_torch_glue(rows: int) -> None:
     """x + delta written back as torch's bf16 add; the norm as `_rms_norm` (float32 statistics, bf16 scaling):
-    equal here, at most one bf16 step away anywhere (the float32 sum runs in another order)."""
+    equal here, at most one bf16 step away anywhere (the float32 sum runs in another order); from
+    PARALLEL_ROWS rows on the rows are split over numba's threads (every row written once, an odd count too)."""
     x, delta = randn(rows, 576, seed=1), randn(rows, 576, scale=4.0, seed=2)
     x[0, :8] = 0  # zeros and a large row mix
     weight = (torch.rand(576, generator=torch.Generator().manual_seed(3)) + 0.5).to(torch.bfloat16)
@@ -44,12 +45,13 @@ def test_rms_norm_of_a_zero_row_is_zero_and_of_others_the_torch_glue() -> None:
     assert not out[1].any()
 
 
-def test_silu_mul_is_the_torch_glue_over_the_whole_range() -> None:
+@pytest.mark.parametrize("rows", [5, 2 * layer_kernel.PARALLEL_ROWS + 1])
+def test_silu_mul_is_the_torch_glue_over_the_whole_range(rows: int) -> None:
     """bf16(bf16(silu(gate)) * up), as `F.silu(gate) * up` on bf16 tensors: equal on ordinary values; at the
     extremes (|gate| past float32's exp range) within one bf16 step, and never NaN."""
-    gate_up = randn(5, 2 * 384, scale=4.0, seed=6)
+    gate_up = randn(rows, 2 * 384, scale=4.0, seed=6)
     gate, up = gate_up.chunk(2, dim=-1)
-    out = torch.empty(5, 384, dtype=torch.bfloat16)
+    out = torch.empty(rows, 384, dtype=torch.bfloat16)
     layer_kernel.silu_mul(as_bits(gate_up), as_bits(out))
     assert torch.equal(out, F.silu(gate) * up)
     extremes = torch.tensor([[-1e4, -200.0, -88.0, -87.5, 0.0, 87.5, 200.0, 1e4] + [1.0] * 8], dtype=torch.bfloat16)
