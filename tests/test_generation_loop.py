@@ -270,6 +270,22 @@ def test_multi_step_waits_for_prompts_and_stays_off_big_batches_and_the_checked_
     assert {c.steps for c in calls_of(checked)} == {1}
 
 
+def test_a_multi_step_call_stops_at_the_nearest_max_tokens_of_its_rows(tokenizer):
+    """Rows with 2 and 9 tokens left after the prompt's step: a call of 2 steps each (the short row's end
+    does not wait for the other's later steps), then 4 for the row left alone, then the 3 it has left."""
+    steps = ScriptedSteps({0: [5] * 3, 1: [6] * 10})
+    short, long = sequences(tokenizer, steps, count=1, max_tokens=3) + sequences(tokenizer, steps, count=1,
+                                                                                 max_tokens=10)
+    steps.index_of[long.seq_id] = 1
+    scheduler = StepScheduler(steps.step, steps.release, decode_steps=4, decode_steps_max_rows=2)
+
+    asyncio.run(scheduler.run([short, long], lambda s, c: None))
+    counts = [[c.steps for c in batch] for batch in steps.batches]
+    assert counts == [[1, 1], [2, 2], [4], [3]]
+    assert [c.end for c in steps.batches[1]] == [True, False]
+    assert short.ids == [5] * 3 and long.ids == [6] * 10
+
+
 def test_batches_are_split_at_max_batch(tokenizer):
     steps = ScriptedSteps({i: [5, 5] for i in range(5)})
     seqs = sequences(tokenizer, steps, count=5, max_tokens=2)

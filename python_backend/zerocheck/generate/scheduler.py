@@ -16,11 +16,14 @@ Multi-step decode: on the zero-check path, while at most `decode_steps_max_rows`
 them decoding (no prompt going in, none arrived), one call asks the decoder for `decode_steps` tokens of
 each: the decoder draws each token with its fused sampler and feeds it back itself, so the round trip
 between this loop and the decoder (~1-2 ms a step at one stream) is paid once for several tokens. Their
-responses go out together (still `stream_interval` tokens each). A sequence that arrives meanwhile waits
-for the call (a few steps of a small batch) before its prefill. Shipped for a lone sequence only: with
-several closed-loop users of fixed-length answers, calls of several steps line up their sequences' ends,
-their next prompts arrive together and queue for prefill behind each other (measured: TTFT up 70 %, no
-gain in tokens/s at 4 users).
+responses go out together (still `stream_interval` tokens each). A call runs no further than the nearest
+max_tokens of its rows, so a sequence's end never waits for another's later steps: when it did, a call's
+ends left together, closed-loop users' next prompts arrived together and queued for prefill behind each
+other (AIPerf-like load, 8 users: TTFT p50 225 -> 665 ms); with the bound, 218-253 vs 232-242 ms. A sequence
+that arrives meanwhile waits for the call (a few steps) before its prefill. Shipped for a lone sequence
+only: with more rows the gain measured within noise (8 users: TPOT p50 36.6-42.2 vs 41.6-43.8 ms, 16 users:
+62.7-62.9 vs 64.6-66.1 ms, 32 streams in lockstep: 65.3 vs 68.0 ms), and every stream's tokens would then
+come in bursts of decode_steps (inter-token latency p50 ~1 ms inside a burst, then a pause).
 
 The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
 is tested) without Triton; in the server they are BLS calls (generate/1/model.py). Everything runs
@@ -139,9 +142,10 @@ class StepScheduler:
         arrival order (a prefilling sequence past the budget sits this step out); several tokens a row
         when a multi-step call fits (module docstring)."""
         budget = self.prefill_tokens or None
-        steps = self.decode_steps if (path is SamplerPath.ZERO_CHECK and len(running) <= self.decode_steps_max_rows
-                                      and not self._arrived.get(path)
-                                      and not any(entry.seq.prefill_left for entry in running)) else 1
+        multi_step = (path is SamplerPath.ZERO_CHECK and len(running) <= self.decode_steps_max_rows
+                      and not self._arrived.get(path) and not any(entry.seq.prefill_left for entry in running))
+        # no longer than any row's max_tokens allows: a row's end never waits for the others' later steps
+        steps = min([self.decode_steps, *(entry.seq.tokens_left for entry in running)]) if multi_step else 1
         entries, calls = [], []
         for entry in running:
             if entry.seq.prefill_left and budget is not None:

@@ -134,6 +134,11 @@ class Sequence:
         return self.started and not self.released
 
     @property
+    def tokens_left(self) -> int:
+        """Tokens still to generate before max_tokens (an end id or a stop may come sooner)."""
+        return self.max_tokens - len(self.ids)
+
+    @property
     def prefill_left(self) -> int:
         """Prompt tokens not yet sent to the decoder."""
         return len(self.prompt_ids) - self.prefilled
@@ -150,7 +155,7 @@ class Sequence:
             tokens = self.prompt_ids[self.prefilled:self.prefilled + self._chunk]
         else:
             self._chunk, tokens = 0, self.ids[-1:]
-        steps = 1 if self.prefill_left else max(1, min(steps, self.max_tokens - step))
+        steps = 1 if self.prefill_left else max(1, min(steps, self.tokens_left))
         self._sent_end = step + steps == self.max_tokens and self._chunk == self.prefill_left
         registration = Registration(self.sampling, self.request.min_tokens, self.end_ids, len(self.prompt_ids)) \
             if start else None
