@@ -32,7 +32,8 @@ from zerocheck.serve.binary import THREAD_ENVIRONMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
-VARIANTS = ["torch:fp32", "torch:bf16", "torch:bf16+int4", "onnxruntime:fp32", "onnxruntime:int8"]
+VARIANTS = ["torch:fp32", "torch:bf16", "torch:bf16+int4", "torch:bf16+int4+int8head", "onnxruntime:fp32",
+            "onnxruntime:int8"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:

@@ -5,9 +5,10 @@
 Every system generates `--tokens` tokens per stream (no early stop) with temperature 0.8, top-k 50,
 top-p 0.9 from the same chat prompts, at each stream count:
   zerocheck (served)   `zerocheck serve`'s repository as shipped (decoder backend and dtype chosen at
-                       load: torch with packed bf16 weights and int4 one-row steps on a CPU with bf16
-                       instructions), the zero-check path, all streams at once over gRPC
-  zerocheck (bf16, no int4)       the same with `int4_single_row: false`
+                       load: torch with packed bf16 weights, one-row steps on int4 layer weights and an
+                       int8 lm_head, on a CPU with bf16 instructions), the zero-check path, all streams at
+                       once over gRPC
+  zerocheck (bf16, no int4)       the same with `int4_single_row: false`, `int8_lm_head_single_row: false`
   zerocheck (onnxruntime fp32)    the same with the exact path (`backend: onnxruntime`, `dtype: fp32`)
   zerocheck (int8)     the same with the decoder's opt-in int8 weights (`build_engines.py --int8`)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
@@ -122,7 +123,8 @@ SYSTEMS = {
     "zerocheck (served)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
     "zerocheck (bf16, no int4)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
                                                            {"backend": "torch", "dtype": "bf16",
-                                                            "int4_single_row": "false"}),
+                                                            "int4_single_row": "false",
+                                                            "int8_lm_head_single_row": "false"}),
     "zerocheck (onnxruntime fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
                                                               {"backend": "onnxruntime", "dtype": "fp32"}),
     "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,

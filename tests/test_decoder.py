@@ -177,15 +177,19 @@ def test_bad_dtype_requests_are_clear_errors() -> None:
 
 
 @pytest.mark.parametrize("variant, options", [
-    ("torch:bf16", {"backend": "torch", "dtype": "bf16", "int4_single_row": False}),
-    ("torch:bf16+int4", {"backend": "torch", "dtype": "bf16", "int4_single_row": True}),
-    ("onnxruntime:fp32", {"backend": "onnxruntime", "dtype": "fp32", "int4_single_row": False}),
+    ("torch:bf16", {"backend": "torch", "dtype": "bf16", "int4_single_row": False, "int8_lm_head_single_row": False}),
+    ("torch:bf16+int4", {"backend": "torch", "dtype": "bf16", "int4_single_row": True,
+                         "int8_lm_head_single_row": False}),
+    ("torch:bf16+int4+int8head", {"backend": "torch", "dtype": "bf16", "int4_single_row": True,
+                                  "int8_lm_head_single_row": True}),
+    ("onnxruntime:fp32", {"backend": "onnxruntime", "dtype": "fp32", "int4_single_row": False,
+                          "int8_lm_head_single_row": False}),
 ])
 def test_benchmark_variants_name_load_options(variant: str, options: dict) -> None:
     assert variant_options(variant) == options
 
 
-@pytest.mark.parametrize("variant", ["torch", "torch:bf16+int8", "torch:+int4"])
+@pytest.mark.parametrize("variant", ["torch", "torch:bf16+int8", "torch:+int4", "torch:bf16+int4+"])
 def test_bad_benchmark_variants_are_refused(variant: str) -> None:
     with pytest.raises(ValueError, match="backend:dtype"):
         variant_options(variant)

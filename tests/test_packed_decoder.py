@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, attention_kernel, load_decoder
+from zerocheck.decoder import DecoderConfig, StepRequest, Transformer, attention_kernel, int8_kernel, load_decoder
 from zerocheck.decoder.packed import (INT4_GROUP, PackedTransformer, _linear_int4, _nearest_bf16_pair, _pack_int4,
                                       int4_supported, packing_available)
 
@@ -174,3 +174,29 @@ def test_int4_single_row_is_refused_where_the_widths_do_not_divide() -> None:
     model = Transformer(DecoderConfig.from_hf_dict({**TINY, "model_type": "llama", "intermediate_size": 200}))
     with pytest.raises(ValueError, match="multiples of 32"):
         PackedTransformer(model.to(torch.bfloat16), int4_single_row=True)
+
+
+@pytest.mark.skipif(not int8_kernel.available(), reason="numba is not installed")
+def test_the_int8_lm_head_serves_compiled_one_row_steps_only() -> None:
+    """With int8_lm_head_single_row a compiled one-row, one-token step's logits are lm_head's int8 copy times the
+    final norm's output (close to the bf16 logits, same top-1 on this model); any wider step is the bf16 step
+    itself; without the compiled kernels it is refused."""
+    model = tiny_model("llama")
+    config = model.config
+    plain = PackedTransformer(model, compiled=True)
+    int8 = PackedTransformer(model, compiled=True, int8_lm_head_single_row=True)
+    generator = torch.Generator().manual_seed(4)
+    shape = (config.num_layers, 4, config.num_kv_heads, 16, config.head_dim)
+    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
+    wide = (torch.randint(0, config.vocab_size, (2, 1), generator=generator), torch.tensor([1, 1]),
+            torch.tensor([4, 1]), torch.tensor([0, 1]))
+    assert torch.equal(plain.step(*wide, *(c.clone() for c in pool)), int8.step(*wide, *(c.clone() for c in pool)))
+    single = (torch.tensor([[7]]), torch.tensor([1]), torch.tensor([5]), torch.tensor([2]))
+    bf16_logits = plain.step(*single, *(c.clone() for c in pool))
+    int8_logits = int8.step(*single, *(c.clone() for c in pool))
+    assert int8_logits.shape == bf16_logits.shape and int8_logits.dtype == torch.float32
+    assert not torch.equal(bf16_logits, int8_logits)  # the int8 copy did run
+    assert (int8_logits - bf16_logits).abs().max() < 0.05 * bf16_logits.std()
+    assert torch.equal(int8_logits.argmax(-1), bf16_logits.argmax(-1))
+    with pytest.raises(ValueError, match="needs compiled=True"):
+        PackedTransformer(model, int8_lm_head_single_row=True)

@@ -50,7 +50,9 @@ class TritonPythonModel:
                               max_seq_len=params.max_seq_len or None, idle_timeout_s=params.idle_timeout_s,
                               num_threads=params.num_threads or None, fail_token=params.test_fail_token,
                               dtype=params.dtype, device=config.instance_device(params.device),
-                              int4_single_row=params.int4_single_row, prefix_cache_tokens=params.prefix_cache_tokens)
+                              int4_single_row=params.int4_single_row,
+                              int8_lm_head_single_row=params.int8_lm_head_single_row,
+                              prefix_cache_tokens=params.prefix_cache_tokens)
         self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device))
         self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}

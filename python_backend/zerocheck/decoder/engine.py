@@ -290,14 +290,17 @@ def _manifest_max_seq_len(artifacts_dir: Path) -> int | None:
     return json.loads(manifest.read_text()).get("options", {}).get("max_seq_len")
 
 
+VARIANT_EXTRAS = {"int4": "int4_single_row", "int8head": "int8_lm_head_single_row"}
+
+
 def variant_options(variant: str) -> dict[str, object]:
-    """`load_decoder` keyword arguments for a benchmark variant "backend:dtype", "+int4" after the dtype for
-    `int4_single_row` (e.g. "torch:bf16+int4")."""
+    """`load_decoder` keyword arguments for a benchmark variant "backend:dtype", then "+int4" for `int4_single_row`
+    and "+int8head" for `int8_lm_head_single_row` (e.g. "torch:bf16+int4+int8head")."""
     backend, _, dtype = variant.partition(":")
-    base, plus, extra = dtype.partition("+")
-    if not base or (plus and extra != "int4"):
-        raise ValueError(f"variant must be backend:dtype[+int4], got {variant!r}")
-    return {"backend": backend, "dtype": base, "int4_single_row": bool(plus)}
+    base, *extras = dtype.split("+")
+    if not base or any(extra not in VARIANT_EXTRAS for extra in extras):
+        raise ValueError(f"variant must be backend:dtype[+int4][+int8head], got {variant!r}")
+    return {"backend": backend, "dtype": base, **{option: extra in extras for extra, option in VARIANT_EXTRAS.items()}}
 
 
 def load_decoder(
@@ -312,6 +315,7 @@ def load_decoder(
     device: str = "cpu",
     int4_single_row: bool = False,
     prefix_cache_tokens: int = 0,
+    int8_lm_head_single_row: bool = False,
 ) -> DecoderEngine:
     """Load the decoder built by build_engines.py; the backend (`choose_backend`), the device (`choose_device`)
     and the dtype of weights, activations and KV cache (`choose_dtype`) are chosen here, once; the KV cache
@@ -319,7 +323,8 @@ def load_decoder(
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
     max_position_embeddings. int4_single_row: on the packed bf16 CPU path, steps of one row and one token use
-    int4 copies of the layers' weights (`PackedTransformer`); elsewhere it is not used (printed). Prints the
+    int4 copies of the layers' weights (`PackedTransformer`), and with int8_lm_head_single_row an int8 copy of
+    lm_head's (`int8_kernel`, needs numba); elsewhere they are not used (printed). Prints the
     KV pool size. prefix_cache_tokens > 0: a `PrefixCache` of that many positions (first steps reuse the keys
     and values of recent prompts that open alike). fail_token >= 0 (test-only) makes every forward
     whose tokens hold that id raise InjectedFault.
@@ -350,8 +355,14 @@ def load_decoder(
             compiled = attention_kernel.available()
             if not compiled:
                 print("decoder: numba is not installed; attention and the layers' glue run as torch ops (slower)")
-            step_fn = PackedTransformer(model, int4_single_row=int4, compiled=compiled)
+            int8_head = int8_lm_head_single_row and compiled
+            if int8_lm_head_single_row and not int8_head:
+                print("decoder: int8_lm_head_single_row asked for, but numba is not installed: one-row steps use "
+                      "the bf16 lm_head")
+            step_fn = PackedTransformer(model, int4_single_row=int4, compiled=compiled,
+                                        int8_lm_head_single_row=int8_head)
             kernels = ("packed oneDNN bf16 weights" + (", int4 weights for one-row steps" if int4 else "")
+                       + (", int8 lm_head for one-row steps" if int8_head else "")
                        + (", compiled decode attention and layer glue" if compiled else ""))
         else:
             if device == "cpu" and dtype == "bf16":
@@ -371,8 +382,9 @@ def load_decoder(
             raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
         step_fn = onnxruntime_step(onnx_path, num_threads)
         kernels = onnx_path.name
-    if int4_single_row and not packed:
-        print(f"decoder: int4_single_row is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
+    for option, asked in (("int4_single_row", int4_single_row), ("int8_lm_head_single_row", int8_lm_head_single_row)):
+        if asked and not packed:
+            print(f"decoder: {option} is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
                        dtype=TORCH_DTYPES[dtype], device=device)
     prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None

@@ -21,7 +21,9 @@ step). Here:
   (groups of INT4_GROUP inputs, torch's `_weight_int4pack_mm_for_cpu`): such a step reads its weights from
   memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
   bf16 GEMMs are faster (the int4 kernel is compute-bound), so batches keep bf16. GGUF Q4_1 weights (blocks
-  of 32 inputs, w = q d + m) come back with their own q; the loss is bf16 rounding of scale and zero.
+  of 32 inputs, w = q d + m) come back with their own q; the loss is bf16 rounding of scale and zero;
+- optionally (`int8_lm_head_single_row`, with numba), such a step's lm_head reads an int8 copy of its weight
+  (`int8_kernel`: half the bytes of bf16, per-row scales; 2.26 -> 1.03 ms at SmolLM2's 49152 x 576).
 Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16 (the
 compiled decode attention also keeps queries, scores and weights in float32).
 `step` takes the pool's caches and the rows' slots instead of `Transformer.forward`'s gathered caches.
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from zerocheck.decoder import attention_kernel, layer_kernel
+from zerocheck.decoder import attention_kernel, int8_kernel, layer_kernel
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import Transformer, apply_rotary, rotary_cos_sin
 
@@ -134,12 +136,14 @@ class _Layer:
 
 
 class PackedTransformer:
-    """`model`'s step with packed bf16 weights (and int4 copies for one-row steps with `int4_single_row`);
-    `model` keeps only the embedding and rotary frequencies."""
+    """`model`'s step with packed bf16 weights (and, for one-row steps, int4 copies of the layers' weights with
+    `int4_single_row`, an int8 copy of lm_head's with `int8_lm_head_single_row`); `model` keeps only the embedding
+    and rotary frequencies."""
 
-    def __init__(self, model: Transformer, int4_single_row: bool = False, compiled: bool = False) -> None:
+    def __init__(self, model: Transformer, int4_single_row: bool = False, compiled: bool = False,
+                 int8_lm_head_single_row: bool = False) -> None:
         """compiled: numba kernels for one-token steps' attention (`attention_kernel`) and every step's norms,
-        residual adds and activation (`layer_kernel`)."""
+        residual adds and activation (`layer_kernel`); int8_lm_head_single_row needs them."""
         if not packing_available():
             raise RuntimeError("PackedTransformer needs torch with oneDNN and a CPU with bf16 instructions")
         config = model.config
@@ -148,10 +152,14 @@ class PackedTransformer:
                              f"{INT4_GROUP} (hidden {config.hidden_size}, intermediate {config.intermediate_size})")
         if compiled and not attention_kernel.available():
             raise ValueError("compiled kernels need numba")
+        if int8_lm_head_single_row and not compiled:
+            raise ValueError("the int8 lm_head of one-row steps is a compiled kernel: it needs compiled=True")
         self.compiled = compiled
         if compiled:
             attention_kernel.warm_up()
             layer_kernel.warm_up()
+        if int8_lm_head_single_row:
+            int8_kernel.warm_up()
         self.config, self.eps, self.inv_freq = config, config.rms_norm_eps, model.inv_freq
         self.embedding = model.embed_tokens.weight.detach().to(torch.bfloat16)
         self.layers = []
@@ -176,6 +184,7 @@ class PackedTransformer:
         self.norms.append(model.norm.weight.detach().to(torch.bfloat16))
         self.norm_bits = [attention_kernel.as_bits(norm) for norm in self.norms] if compiled else None
         self.lm_head = _pack(model.lm_head.weight)
+        self.lm_head_int8 = int8_kernel.quantise_rows(model.lm_head.weight) if int8_lm_head_single_row else None
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
@@ -217,6 +226,10 @@ class PackedTransformer:
             x, normed = glue.add_norm(x, linear(attend(i, qkv), o_weight), 2 * i + 1)
             activated = glue.silu_mul(linear(normed, gate_up_weight))
             x, normed = glue.add_norm(x, linear(activated, down_weight), 2 * i + 2)  # the next layer's or the final norm
+        if decode and single and self.lm_head_int8 is not None:
+            logits = torch.empty(1, self.lm_head_int8[0].shape[0])
+            int8_kernel.matvec(*self.lm_head_int8, attention_kernel.as_bits(normed)[0], logits.numpy()[0])
+            return logits
         if decode:
             return _linear(normed, self.lm_head).to(torch.float32)
         index = (counts - 1).view(-1, 1, 1).expand(-1, 1, normed.shape[-1])

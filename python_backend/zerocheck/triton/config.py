@@ -109,6 +109,7 @@ class DecoderParameters:
     dtype: str
     device: str
     int4_single_row: bool
+    int8_lm_head_single_row: bool
     prefix_cache_tokens: int  # 0: no prefix cache
     max_slots: int
     max_seq_len: int  # 0: the build's
