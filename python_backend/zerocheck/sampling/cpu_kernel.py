@@ -310,10 +310,10 @@ def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1):
     return arg
 
 
-def _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
-              row_max):
+def _draw_row(r, x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max):
     """Row r: tokens[r] and row_max[r] (NaN, token -1, when the row holds NaN)."""
     row, gm = x[r], gmax[r]
+    min_p_log = _F(math.log(min_p[r])) if min_p[r] > 0 else _F(-np.inf)  # min_p 0: no floor
     top = _F(-np.inf)  # float32, as the logits: y = (x - top) / T is then the eager path's float32 value
     for g in range(gm.shape[0]):
         if gm[g] != gm[g]:
@@ -324,28 +324,23 @@ def _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_
     if kind[r] == GREEDY:
         tokens[r] = _draw_greedy(row, gm)
     elif kind[r] == TOP_K:
-        tokens[r] = _draw_top_k(row, gm, top_k[r], temperature[r], top_p[r], min_p_log[r], keys[r, 0], keys[r, 1])
+        tokens[r] = _draw_top_k(row, gm, top_k[r], temperature[r], top_p[r], min_p_log, keys[r, 0], keys[r, 1])
     elif math.isfinite(top):  # rows at +inf or all -inf are resolved by the caller
-        tokens[r] = _draw_dense(row, gm, top, inv_temperature[r], top_p[r], min_p_log[r], keys[r, 0],
-                                keys[r, 1])
+        tokens[r] = _draw_dense(row, gm, top, _F(1.0) / temperature[r], top_p[r], min_p_log, keys[r, 0], keys[r, 1])
     else:
         tokens[r] = 0
 
 
-def _draw_rows_serial(x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
-                      row_max):
+def _draw_rows_serial(x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max):
     """`_draw_row` for every row, in this thread."""
     for r in range(x.shape[0]):
-        _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
-                  row_max)
+        _draw_row(r, x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max)
 
 
-def _draw_rows(x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
-               row_max):
+def _draw_rows(x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max):
     """`_draw_row` for every row, rows spread over numba's threads."""
     for r in numba.prange(x.shape[0]):
-        _draw_row(r, x, gmax, kind, top_k, temperature, inv_temperature, top_p, min_p_log, keys, tokens,
-                  row_max)
+        _draw_row(r, x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max)
 
 
 if numba is not None:
@@ -386,10 +381,10 @@ def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_m
     kind = np.array([GREEDY if batch.greedy[r] else TOP_K if batch.top_k_list[r] > 0 else DENSE
                      for r in range(size)], dtype=np.int64)
     top_p = batch.top_p.numpy()
-    threaded = size >= PARALLEL_ROWS or int(((kind == DENSE) & (top_p < 1.0)).sum()) >= PARALLEL_TOP_P_ROWS
+    # (numpy's ops on a row or two cost tens of us right after a forward swept the caches: none for one row)
+    threaded = size >= PARALLEL_ROWS or (size >= PARALLEL_TOP_P_ROWS and
+                                         int(((kind == DENSE) & (top_p < 1.0)).sum()) >= PARALLEL_TOP_P_ROWS)
     draw = _draw_rows if threaded else _draw_rows_serial
     group_max(x, out=maxima)
-    with np.errstate(divide="ignore"):  # min_p 0: log -inf (no floor)
-        inv_temperature, min_p_log = 1.0 / batch.temperature.numpy(), np.log(batch.min_p.numpy())
-    draw(x.numpy(), maxima.numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(), inv_temperature, top_p,
-         min_p_log, batch.keys.numpy(), tokens.numpy(), row_max.numpy())
+    draw(x.numpy(), maxima.numpy(), kind, batch.top_k.numpy(), batch.temperature.numpy(), top_p, batch.min_p.numpy(),
+         batch.keys.numpy(), tokens.numpy(), row_max.numpy())
