@@ -148,23 +148,30 @@ def test_the_bf16_scale_and_zero_pair_is_the_best_of_its_neighbours() -> None:
     assert bool((chosen <= rounded).all()) and (chosen < rounded).float().mean() > 0.3
 
 
+def wide_and_single_steps(plain: PackedTransformer, other: PackedTransformer, seed: int,
+                          tokens_per_row: int) -> tuple[torch.Tensor, ...]:
+    """The logits of `plain` and `other` for the same step of two rows of `tokens_per_row` tokens, then for the
+    same one-row, one-token step, each on its own copy of one random KV pool: (wide plain, wide other, single
+    plain, single other)."""
+    config = plain.config
+    generator = torch.Generator().manual_seed(seed)
+    shape = (config.num_layers, 4, config.num_kv_heads, 16, config.head_dim)
+    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
+    wide = (torch.randint(0, config.vocab_size, (2, tokens_per_row), generator=generator),
+            torch.tensor([tokens_per_row, min(2, tokens_per_row)]), torch.tensor([4, 1]), torch.tensor([0, 1]))
+    single = (torch.tensor([[7]]), torch.tensor([1]), torch.tensor([5]), torch.tensor([2]))
+    return tuple(model.step(*step, *(c.clone() for c in pool)) for step in (wide, single) for model in (plain, other))
+
+
 def test_int4_serves_one_row_steps_only() -> None:
     """With int4_single_row a one-row, one-token step runs on the int4 weights (close to the bf16 step, same
     top-1 on this model); any wider step is the bf16 step itself."""
     model = tiny_model("llama")
     if not int4_supported(model.config):
         pytest.skip("no CPU int4 GEMM in this torch")
-    config = model.config
-    plain, int4 = PackedTransformer(model), PackedTransformer(model, int4_single_row=True)
-    generator = torch.Generator().manual_seed(3)
-    shape = (config.num_layers, 4, config.num_kv_heads, 16, config.head_dim)
-    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
-    wide = (torch.randint(0, config.vocab_size, (2, 3), generator=generator), torch.tensor([3, 2]),
-            torch.tensor([4, 1]), torch.tensor([0, 1]))
-    assert torch.equal(plain.step(*wide, *(c.clone() for c in pool)), int4.step(*wide, *(c.clone() for c in pool)))
-    single = (torch.tensor([[7]]), torch.tensor([1]), torch.tensor([5]), torch.tensor([2]))
-    bf16_logits = plain.step(*single, *(c.clone() for c in pool))
-    int4_logits = int4.step(*single, *(c.clone() for c in pool))
+    wide_bf16, wide_int4, bf16_logits, int4_logits = wide_and_single_steps(
+        PackedTransformer(model), PackedTransformer(model, int4_single_row=True), 3, 3)
+    assert torch.equal(wide_bf16, wide_int4)
     assert not torch.equal(bf16_logits, int4_logits)  # the int4 weights did run
     assert (int4_logits - bf16_logits).abs().max() < 0.25 * bf16_logits.std()
     assert torch.equal(int4_logits.argmax(-1), bf16_logits.argmax(-1))
@@ -182,18 +189,10 @@ def test_the_int8_lm_head_serves_compiled_one_row_steps_only() -> None:
     final norm's output (close to the bf16 logits, same top-1 on this model); any wider step is the bf16 step
     itself; without the compiled kernels it is refused."""
     model = tiny_model("llama")
-    config = model.config
-    plain = PackedTransformer(model, compiled=True)
-    int8 = PackedTransformer(model, compiled=True, int8_lm_head_single_row=True)
-    generator = torch.Generator().manual_seed(4)
-    shape = (config.num_layers, 4, config.num_kv_heads, 16, config.head_dim)
-    pool = [torch.randn(shape, generator=generator).to(torch.bfloat16) for _ in range(2)]
-    wide = (torch.randint(0, config.vocab_size, (2, 1), generator=generator), torch.tensor([1, 1]),
-            torch.tensor([4, 1]), torch.tensor([0, 1]))
-    assert torch.equal(plain.step(*wide, *(c.clone() for c in pool)), int8.step(*wide, *(c.clone() for c in pool)))
-    single = (torch.tensor([[7]]), torch.tensor([1]), torch.tensor([5]), torch.tensor([2]))
-    bf16_logits = plain.step(*single, *(c.clone() for c in pool))
-    int8_logits = int8.step(*single, *(c.clone() for c in pool))
+    wide_bf16, wide_int8, bf16_logits, int8_logits = wide_and_single_steps(
+        PackedTransformer(model, compiled=True), PackedTransformer(model, compiled=True, int8_lm_head_single_row=True),
+        4, 1)
+    assert torch.equal(wide_bf16, wide_int8)
     assert int8_logits.shape == bf16_logits.shape and int8_logits.dtype == torch.float32
     assert not torch.equal(bf16_logits, int8_logits)  # the int8 copy did run
     assert (int8_logits - bf16_logits).abs().max() < 0.05 * bf16_logits.std()
