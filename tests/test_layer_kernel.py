@@ -35,8 +35,9 @@ def test_add_rms_norm_is_the_torch_glue(rows: int) -> None:
     assert torch.equal(out, expected)
 
 
-def test_rms_norm_of_a_zero_row_is_zero_and_of_others_the_torch_glue() -> None:
-    x = randn(3, 64, scale=30.0, seed=4)
+@pytest.mark.parametrize("rows", [3, layer_kernel.PARALLEL_ROWS + 1])
+def test_rms_norm_of_a_zero_row_is_zero_and_of_others_the_torch_glue(rows: int) -> None:
+    x = randn(rows, 64, scale=30.0, seed=4)
     x[1] = 0
     weight = randn(64, seed=5)
     out = torch.full_like(x, 7.0)

@@ -107,17 +107,21 @@ if numba is not None:
     _silu_mul_parallel = numba.njit(parallel=True, cache=True)(_silu_mul_parallel)
 
 
+def _norm(x: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray, add: bool) -> None:
+    if x.shape[0] >= PARALLEL_ROWS:
+        _add_rms_norm_parallel(x, delta, weight, np.float32(eps), out, add, numba.get_num_threads())
+    else:
+        _add_rms_norm(x, delta, weight, np.float32(eps), out, add, 0, x.shape[0])
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """x: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
-    _add_rms_norm(x, x, weight, np.float32(eps), out, False, 0, x.shape[0])
+    _norm(x, x, weight, eps, out, False)
 
 
 def add_rms_norm(x: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """x: [N, H] bits, x + delta written back; delta: [N, H] bits; weight: [H] bits; out: [N, H] bits, written."""
-    if x.shape[0] >= PARALLEL_ROWS:
-        _add_rms_norm_parallel(x, delta, weight, np.float32(eps), out, True, numba.get_num_threads())
-    else:
-        _add_rms_norm(x, delta, weight, np.float32(eps), out, True, 0, x.shape[0])
+    _norm(x, delta, weight, eps, out, True)
 
 
 def silu_mul(gate_up: np.ndarray, out: np.ndarray) -> None:
