@@ -114,8 +114,12 @@ class DecoderService:
         request ended it (`sequence_end` applies after the row's last step)."""
         drawn = np.full((len(rows), max(row.steps for row in rows)), -1, np.int32)
         drawn[:, 0] = first
-        live = [r for r, row in enumerate(rows) if row.steps > 1 and errors[r] is None and first[r] >= 0
-                and int(first[r]) not in states[r].end_ids]
+
+        def goes_on(r: int, j: int) -> bool:
+            """Whether row r drew a token at step j of the call that is none of its end ids."""
+            return errors[r] is None and drawn[r, j] >= 0 and int(drawn[r, j]) not in states[r].end_ids
+
+        live = [r for r, row in enumerate(rows) if row.steps > 1 and goes_on(r, 0)]
         for j in range(1, drawn.shape[1]):
             live = [r for r in live if rows[r].steps > j]
             if not live:
@@ -137,7 +141,7 @@ class DecoderService:
                     else:
                         errors[live[i]] = error
             self.sample_s += time.perf_counter() - sampled
-            live = [r for r in live if errors[r] is None and int(drawn[r, j]) not in states[r].end_ids]
+            live = [r for r in live if goes_on(r, j)]
         for r, row in enumerate(rows):
             if errors[r] is not None and row.steps > 1:
                 drawn[r] = -1
