@@ -85,6 +85,35 @@ def test_group_max_into_a_scratch_tensor_equals_the_allocating_one() -> None:
         assert torch.equal(out.nan_to_num(), group_max(x).nan_to_num())
 
 
+@pytest.mark.parametrize("vocab", [3 * 128, 3 * 128 + 5])  # the second: a partial last group
+def test_the_kernels_group_maxima_are_torchs(vocab: int) -> None:
+    """`cpu_kernel._group_maxima` (a max over int32 keys) gives `ops.group_max`'s values, the first group holding
+    the row's largest value (-0.0 and +0.0 alike) and whether the row holds NaN."""
+    import numpy as np
+
+    from zerocheck.sampling.ops import group_max
+
+    inf, nan = float("inf"), float("nan")
+    rows = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    rows[1, 5], rows[1, -1] = inf, inf  # +inf in the first and the last group
+    rows[2] = -inf
+    rows[2, 200], rows[2, 150], rows[2, -1] = -1e-30, -0.0, 0.0  # the largest: -0.0 in group 1, +0.0 in the last
+    rows[3, 300] = nan  # NaN in group 2 only
+    rows[4] = -rows[4].abs() - 1.0  # every value negative: the keys' negative half
+    rows[5, 130] = rows[5].max() + 1.0
+    expected_best = [int(group_max(rows[r:r + 1])[0].argmax()) for r in (0, 4, 5)]
+    for r, best in zip((0, 1, 2, 4, 5), expected_best[:1] + [0, 1] + expected_best[1:]):
+        gm = np.empty(-(-vocab // 128), np.float32)
+        assert cpu_kernel._group_maxima(rows[r].numpy(), gm) == (best, False), r
+        assert torch.equal(torch.from_numpy(gm), group_max(rows[r:r + 1])[0]), r
+    gm = np.empty(-(-vocab // 128), np.float32)
+    assert cpu_kernel._group_maxima(rows[3].numpy(), gm)[1]
+    assert np.isnan(gm).tolist() == [g == 2 for g in range(gm.shape[0])]
+    assert torch.equal(torch.from_numpy(gm).nan_to_num(), group_max(rows[3:4])[0].nan_to_num())
+    greedy = ZeroCheckSampler(compiled=True).sample(rows[2:3], [SamplingParams(temperature=0.0)])
+    assert greedy.tokens.tolist() == [150]  # the first token at the largest value, as torch's argmax
+
+
 def test_one_compiled_sampler_serves_batches_of_other_sizes_and_vocabularies() -> None:
     """The group maxima's scratch tensor is reused across calls: smaller batches and other vocabularies
     get views of it, and still draw the eager path's tokens."""

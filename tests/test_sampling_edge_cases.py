@@ -318,3 +318,29 @@ def test_a_penalised_plain_history_with_an_id_outside_the_vocabulary_names_its_r
                        batch.penalties.presence.tolist(), batch.penalties.repetition.tolist()))
     assert pairs == [(1, 3, 2.0, 0.5, 1.0), (1, 4, 1.0, 0.5, 1.0), (2, 5, 2.0, 0.0, 1.2000000476837158),
                      (2, 7, 1.0, 0.0, 1.2000000476837158)]
+
+
+def test_the_batch_builder_keeps_the_columns_of_the_same_params_objects_only() -> None:
+    """Per-row columns are reused while every row passes the last call's params object; keys, penalties and
+    bans are the call's own; another object (even with equal values), vocabulary or row count rebuilds them."""
+    from zerocheck.sampling.batch import BatchBuilder, build_batch
+
+    cpu = torch.device("cpu")
+    params = [SamplingParams(top_k=5, seed=1), SamplingParams(presence_penalty=0.5, bad_words=((4, 9),), seed=2)]
+    builder = BatchBuilder()
+    first = builder.build(params, 100, [[1, 4], [3, 5]], 0, cpu)
+    again = builder.build(list(params), 100, [[1, 4], [3, 3, 4]], 1, cpu)
+    assert again.top_k is first.top_k and again.temperature is first.temperature
+    fresh = build_batch(params, 100, [[1, 4], [3, 3, 4]], 1)
+    for name in ("temperature", "top_k", "top_p", "min_p", "keys"):
+        assert torch.equal(getattr(again, name), getattr(fresh, name)), name
+    assert again.kind.tolist() == fresh.kind.tolist() == [1, 2]
+    assert not torch.equal(again.keys, first.keys)  # the step's keys
+    assert again.penalties.counts.tolist() == fresh.penalties.counts.tolist() == [2.0, 1.0]
+    assert again.banned[1].tolist() == fresh.banned[1].tolist() == [9]
+    assert first.banned is None  # [3, 5] does not end with the prefix 4
+    equal_values = [SamplingParams(top_k=5, seed=1), params[1]]
+    assert builder.build(equal_values, 100, None, 0, cpu).top_k is not first.top_k
+    assert builder.build(equal_values, 100, None, 0, cpu).top_k_list == [5, 0]
+    assert builder.build(equal_values, 4, None, 0, cpu).top_k_list == [0, 0]  # top_k >= V: off
+    assert builder.build(equal_values[:1], 4, None, 0, cpu).size == 1

@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 import torch
 
 from . import ops
-from .batch import SamplingBatch, build_batch, row_steps
+from .batch import BatchBuilder, SamplingBatch, row_steps
 from .params import SamplingParamError, SamplingParams
-from .zero_check import SampleOutput, ZeroCheckSampler, finish, resolve_posinf
+from .zero_check import SampleOutput, ZeroCheckSampler, all_finite, finish, mark_nan_under_edits, resolve_posinf
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # tokens of a top-p row's crossing mass bucket (1/128 of a logit wide) the dense step ranks; a row with more
@@ -126,6 +126,7 @@ class CudaGraphSampler:
         self.buckets = buckets_up_to(max_batch_size)
         self.replays = self.eager_calls = self.eager_rows = 0
         self._eager = ZeroCheckSampler()
+        self._batches = BatchBuilder()
         self._bodies = {bucket: self._capture(bucket) for bucket in self.buckets}
 
     def _eligible(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> bool:
@@ -197,7 +198,7 @@ class CudaGraphSampler:
             self.eager_calls += 1
             return self._eager.sample(logits, params, history, step)
         body = self._bodies[next(size for size in self.buckets if size >= len(params))]
-        batch = build_batch(params, self.vocab_size, history, step, self.device)
+        batch = self._batches.build(params, self.vocab_size, history, step, self.device)
         self._load(body, logits, batch)
         static_x = body.inputs["x"][:batch.size]
         edits = ops.apply_penalties_and_bans(static_x, batch)
@@ -216,11 +217,12 @@ class CudaGraphSampler:
             tokens = torch.where(dense, dense_step.outputs[0][:batch.size], tokens)
             row_max = torch.where(dense, dense_step.outputs[1][:batch.size], row_max)
             tied = torch.where(dense, dense_step.outputs[2][:batch.size], tied)
-        resolve_posinf(static_x, tokens, row_max, batch)
+        finite = all_finite(row_max)
+        if not finite:
+            resolve_posinf(static_x, tokens, row_max, batch)
         if edits is not None:
             edits.restore(static_x)
-            row_max[edits.nan_rows()] = math.nan  # a NaN the bans or penalties overwrote still fails its row
-        out = finish(static_x, tokens, row_max)
+        out = finish(static_x, tokens, row_max, mark_nan_under_edits(edits, row_max, finite))
         tied_rows = tied.nonzero().flatten().tolist()
         if tied_rows:
             self._redraw(out, tied_rows, logits, params, history, row_steps(step, len(params)))

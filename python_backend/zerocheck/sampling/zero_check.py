@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import cpu_kernel, ops
-from .batch import SamplingBatch, build_batch
+from .batch import BatchBuilder, SamplingBatch
 from .params import SamplingParamError, SamplingParams
 from .workspace import Workspace
 
@@ -53,9 +53,8 @@ def as_float32(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, batch: SamplingBatch) -> None:
     """Sampled rows whose max is +inf put all mass on their +inf tokens: draw uniformly among them,
-    in place (greedy rows keep the first +inf). x: [B, V] penalised logits; tokens: [B] int64."""
-    if not _any_posinf(row_max):  # the common case
-        return
+    in place (greedy rows keep the first +inf). x: [B, V] penalised logits; tokens: [B] int64. Callers
+    skip it when every row's max is finite (the common case)."""
     at_posinf = row_max == math.inf
     sampled = ~torch.tensor(batch.greedy, dtype=torch.bool, device=row_max.device)
     posinf = (at_posinf & sampled).nonzero().flatten()
@@ -63,27 +62,31 @@ def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor,
         tokens[posinf] = ops.draw_among_posinf(x[posinf], batch.keys[posinf])
 
 
-def _any_posinf(values: torch.Tensor) -> bool:
-    """Whether any value is +inf; on the CPU by numpy: a small torch op costs 20-50 us there right after a decoder
-    forward swept the caches, numpy's a few (measured at one row: this and `_all_finite` 112 -> ~38 us a step)."""
-    if values.device.type == "cpu":
-        return bool(np.isposinf(values.numpy()).any())
-    return bool((values == math.inf).any())
-
-
-def _all_finite(values: torch.Tensor) -> bool:
-    """Whether every value is finite (numpy on the CPU, as `_any_posinf`)."""
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite; on the CPU by numpy: a small torch op costs 20-50 us there right after a
+    decoder forward swept the caches, numpy's a few."""
     if values.device.type == "cpu":
         return bool(np.isfinite(values.numpy()).all())
     return bool(torch.isfinite(values).all())
 
 
-def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> SampleOutput:
+def mark_nan_under_edits(edits: ops.SparseEdits | None, row_max: torch.Tensor, finite: bool) -> bool:
+    """Rows that held NaN where penalties or bans wrote (a ban must not hide a NaN) get a NaN row_max; returns
+    whether every row's max is still finite."""
+    if edits is None:
+        return finite
+    nan_rows = edits.nan_rows()
+    row_max[nan_rows] = math.nan
+    return finite and not len(nan_rows)
+
+
+def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, finite: bool) -> SampleOutput:
     """NaN rows become per-row errors (token -1); rows with every token masked by penalties and bans
     fall back to the argmax of the unmasked logits `raw` [B, V]. row_max: [B], the max of each row
-    after penalties and bans (NaN when the row held NaN)."""
+    after penalties and bans (NaN when the row held NaN); finite: whether every one of them is finite
+    (then there is nothing to do)."""
     errors: list[str | None] = [None] * len(tokens)
-    if _all_finite(row_max):  # the common case, in one check instead of the ops below
+    if finite:
         return SampleOutput(tokens, errors)
     masked = (row_max == -math.inf).nonzero().flatten()
     if len(masked):
@@ -98,11 +101,12 @@ def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor) -> Sa
 
 class ZeroCheckSampler:
     """Orchestration of the zero-check sampler (see the module docstring); its only state is a
-    per-thread workspace of scratch tensors. With `compiled=True` (and numba installed), rows on CPU
+    per-thread workspace of scratch tensors and the last call's per-row columns (`BatchBuilder`). With `compiled=True` (and numba installed), rows on CPU
     run in the compiled kernel of `cpu_kernel` instead of eager torch ops."""
 
     def __init__(self, compiled: bool = False) -> None:
         self._workspace = Workspace()
+        self._batches = BatchBuilder()
         self.compiled = compiled and cpu_kernel.available()
         if self.compiled:
             cpu_kernel.warm_up()
@@ -114,19 +118,19 @@ class ZeroCheckSampler:
         x, shared = as_float32(logits)
         if x.shape[0] != len(params):
             raise SamplingParamError(f"logits have {x.shape[0]} rows but {len(params)} params were given")
-        batch = build_batch(params, x.shape[1], history, step, x.device)
+        batch = self._batches.build(params, x.shape[1], history, step, x.device)
         edits = ops.apply_penalties_and_bans(x, batch)
         try:
-            tokens, row_max = self._draw(x, batch)
-            resolve_posinf(x, tokens, row_max, batch)
+            tokens, row_max, finite = self._draw(x, batch)
+            if not finite:
+                resolve_posinf(x, tokens, row_max, batch)
         finally:
             if edits is not None:
                 edits.restore(x)
-        if edits is not None:
-            row_max[edits.nan_rows()] = math.nan
-        return finish(x, tokens, row_max)
+        return finish(x, tokens, row_max, mark_nan_under_edits(edits, row_max, finite))
 
-    def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(tokens, row_max, whether every row's max is finite)."""
         size = batch.size
         tokens = torch.empty(size, dtype=torch.int64, device=x.device)
         row_max = torch.empty(size, dtype=torch.float32, device=x.device)
@@ -135,8 +139,7 @@ class ZeroCheckSampler:
             # heap, and a trim after another op's large frees stalled calls 5-16 ms on this 2-core VM (measured)
             groups = -(-x.shape[1] // ops.GROUP)
             maxima = self._workspace.get("group_max", (size, groups), torch.float32, x.device)
-            cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima)
-            return tokens, row_max
+            return tokens, row_max, cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima)
         greedy = [b for b in range(size) if batch.greedy[b]]
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
@@ -148,7 +151,7 @@ class ZeroCheckSampler:
             self._draw_top_k(x, batch, top_k, tokens, row_max)
         if dense:
             self._draw_dense(_rows(x, dense), batch, dense, tokens, row_max)
-        return tokens, row_max
+        return tokens, row_max, all_finite(row_max)
 
     def _draw_top_k(self, x: torch.Tensor, batch: SamplingBatch, rows: list[int],
                     tokens: torch.Tensor, row_max: torch.Tensor) -> None:
