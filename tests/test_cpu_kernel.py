@@ -49,6 +49,22 @@ def test_quantised_logits_with_ties_at_the_kth_value() -> None:
     assert ZeroCheckSampler(compiled=True).sample(logits, params, None, 5).tokens.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("tied", [40, 300, 1000])  # 300, 1000: more candidates than the kernel inserts one by one
+def test_top_k_rows_with_many_tokens_tied_at_the_kth_value(tied: int) -> None:
+    """Every token tied at the k-th value is a candidate: sorted by insertion up to INSERTED_CANDIDATES of them,
+    by a stable argsort past that; the tokens equal the eager path's either way."""
+    assert 40 < cpu_kernel.INSERTED_CANDIDATES < 300
+    generator = torch.Generator().manual_seed(tied)
+    logits = torch.randn(6, 1000, generator=generator) - 10.0
+    for r in range(6):
+        logits[r, torch.randperm(1000, generator=generator)[:tied]] = 1.5
+        logits[r, r * 7] = 3.0  # one value above the ties
+    params = [SamplingParams(top_k=k, top_p=p, seed=k) for k, p in ((2, 1.0), (5, 0.9), (20, 1.0), (1, 1.0), (3, 0.5), (50, 1.0))]
+    for step in range(3):
+        expected = ZeroCheckSampler().sample(logits, params, None, step).tokens
+        assert ZeroCheckSampler(compiled=True).sample(logits, params, None, step).tokens.tolist() == expected.tolist()
+
+
 def test_the_cpu_runner_is_the_compiled_kernel() -> None:
     assert make_sampler(1000, 8, "cpu").compiled
 

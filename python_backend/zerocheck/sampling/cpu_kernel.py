@@ -40,6 +40,7 @@ from .params import SamplingParams
 # 0.83-1.22 threaded, T=0.7 1.82-2.54 vs 1.27-1.73, top-k 50 1.68-2.49 vs 1.26-1.50
 PARALLEL_ROWS = 8
 PARALLEL_TOP_P_ROWS = 2
+INSERTED_CANDIDATES = 256  # top-k candidates up to this many are sorted by insertion as they are found
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B
 _INV_2_32 = 1.0 / 4294967296.0
@@ -197,26 +198,40 @@ def _largest(values, count):
 
 def _candidates(row, gmax, low):
     """Tokens of row with value >= low (and > -inf) in the groups whose maximum is >= low, sorted by
-    value descending, ids ascending among equal values: (values float32, ids int64)."""
+    value descending, ids ascending among equal values: (values float32, ids int64). A first pass counts
+    each group's hits (vectorised); the second reads a group only up to its last hit and inserts each hit
+    into the sorted output (about k + 1 hits, one a group); more than INSERTED_CANDIDATES (ties at low) are
+    sorted by a stable argsort instead. Measured at V = 128256, k = 50: 9.5 -> 5.8 us a row."""
     vocab = row.shape[0]
+    hits = np.zeros(gmax.shape[0], np.int32)
     count = 0
     for g in range(gmax.shape[0]):
         if gmax[g] >= low:
             start = g * GROUP
-            hits = np.int32(0)
-            for i in range(min(GROUP, vocab - start)):  # an int32 count of a select: this loop vectorises
-                hits += np.int32(1) if row[start + i] >= low and row[start + i] > -np.inf else np.int32(0)
-            count += hits
+            found = np.int32(0)
+            for i in range(min(GROUP, vocab - start)):  # an int32 count of a compare: this loop vectorises
+                found += np.int32((row[start + i] >= low) & (row[start + i] > -np.inf))
+            hits[g] = found
+            count += found
     vals = np.empty(count, np.float32)
     ids = np.empty(count, np.int64)
+    insert = count <= INSERTED_CANDIDATES
     n = 0
     for g in range(gmax.shape[0]):
-        if gmax[g] >= low:
-            for i in range(g * GROUP, min(vocab, (g + 1) * GROUP)):
-                if row[i] >= low and row[i] > -np.inf:
-                    vals[n] = row[i]
-                    ids[n] = i
-                    n += 1
+        i, left = g * GROUP, hits[g]
+        while left:
+            v = row[i]
+            if v >= low and v > -np.inf:
+                j = n
+                while insert and j > 0 and vals[j - 1] < v:  # past the equal values: ids ascending among them
+                    vals[j], ids[j] = vals[j - 1], ids[j - 1]
+                    j -= 1
+                vals[j], ids[j] = v, i
+                n += 1
+                left -= 1
+            i += 1
+    if insert:
+        return vals, ids
     order = np.argsort(-vals, kind="mergesort")
     return vals[order], ids[order]
 
