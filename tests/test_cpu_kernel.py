@@ -130,6 +130,28 @@ def test_the_kernels_group_maxima_are_torchs(vocab: int) -> None:
     assert greedy.tokens.tolist() == [150]  # the first token at the largest value, as torch's argmax
 
 
+@pytest.mark.parametrize("lower", [-6.0, -2.5, 0.0])
+def test_masses_from_the_kept_weights_are_the_recomputed_ones(lower: float) -> None:
+    """A top-p row's second pass sums the weights its first pass kept (`_stored_masses`): the masses of a pass
+    that computes exp again (`_group_masses` above lower), with the weights kept equal to exp(y)."""
+    import numpy as np
+
+    vocab = 3 * 128 + 5
+    row = (torch.randn(vocab, generator=torch.Generator().manual_seed(5)) * 2).numpy()
+    groups = -(-vocab // 128)
+    gm = np.empty(groups, np.float32)
+    top = gm[cpu_kernel._group_maxima(row, gm)[0]]
+    inv_t, none, every = np.float32(1 / 0.8), np.empty(0, np.float32), np.empty(0, np.bool_)
+    weights, first = np.full(vocab, np.nan, np.float32), np.empty(groups, np.float32)
+    cpu_kernel._group_masses(row, gm, top, inv_t, np.float32(-np.inf), first, none, every, weights)
+    np.testing.assert_allclose(weights, np.exp((row.astype(np.float64) - top) * inv_t), rtol=1e-5)  # y in float32
+    kept, recomputed = np.empty(groups, np.float32), np.empty(groups, np.float32)
+    cpu_kernel._stored_masses(row, gm, top, inv_t, np.float32(lower), weights, kept)
+    cpu_kernel._group_masses(row, gm, top, inv_t, np.float32(lower), recomputed, none, every, none)
+    np.testing.assert_allclose(kept, recomputed, rtol=1e-5)
+    assert (kept > 0).sum() == ((gm - top) * inv_t >= lower).sum() > 0
+
+
 def test_one_compiled_sampler_serves_batches_of_other_sizes_and_vocabularies() -> None:
     """The group maxima's scratch tensor is reused across calls: smaller batches and other vocabularies
     get views of it, and still draw the eager path's tokens."""

@@ -55,6 +55,7 @@ class SamplingBatch:
     greedy: list[bool]
     top_k_list: list[int]
     kind: np.ndarray  # [B] int64: GREEDY_ROW, TOP_K_ROW or DENSE_ROW (the work a row needs)
+    nucleus_rows: int  # DENSE_ROW rows with top_p < 1
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64, bias [N] f32
     penalties: SparsePenalties | None
     banned: tuple[torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64
@@ -91,6 +92,7 @@ class RowColumns:
     greedy: list[bool]
     top_k_list: list[int]
     kind: np.ndarray
+    nucleus_rows: int
     seeds: list[int | None]
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     penalised: list[int]  # rows with penalties
@@ -101,6 +103,7 @@ def row_columns(params: Sequence[SamplingParams], vocab_size: int, device: torch
     """The params' per-row tensors and lists on `device` (logit bias ids checked against the vocabulary)."""
     greedy = [p.is_greedy for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
+    kind = [GREEDY_ROW if g else TOP_K_ROW if k else DENSE_ROW for g, k in zip(greedy, top_k)]
 
     def column(values: list, dtype: type) -> torch.Tensor:  # numpy first: torch.tensor of a list is slower
         return torch.from_numpy(np.array(values, dtype=dtype)).to(device)
@@ -112,7 +115,7 @@ def row_columns(params: Sequence[SamplingParams], vocab_size: int, device: torch
         top_p=column([p.top_p for p in params], np.float32),
         min_p=column([p.min_p for p in params], np.float32),
         greedy=greedy, top_k_list=top_k, seeds=[p.seed for p in params],
-        kind=np.array([GREEDY_ROW if g else TOP_K_ROW if k else DENSE_ROW for g, k in zip(greedy, top_k)], np.int64),
+        kind=np.array(kind, np.int64), nucleus_rows=sum(c == DENSE_ROW and p.top_p < 1.0 for c, p in zip(kind, params)),
         bias=_logit_bias(params, vocab_size, device),
         penalised=[b for b, p in enumerate(params) if p.has_penalties],
         banning=[b for b, p in enumerate(params) if p.bad_words])
@@ -127,7 +130,7 @@ def batch_of(columns: RowColumns, history: Sequence[Sequence[int]] | None, step:
     return SamplingBatch(
         vocab_size=columns.vocab_size, temperature=columns.temperature, top_k=columns.top_k, top_p=columns.top_p,
         min_p=columns.min_p, keys=torch.from_numpy(keys).to(columns.device), greedy=columns.greedy,
-        top_k_list=columns.top_k_list, kind=columns.kind, bias=columns.bias,
+        top_k_list=columns.top_k_list, kind=columns.kind, nucleus_rows=columns.nucleus_rows, bias=columns.bias,
         penalties=_sparse_penalties(params, columns.penalised, history, columns.vocab_size, columns.device),
         banned=_banned_tokens(params, columns.banning, history, columns.vocab_size, columns.device),
     )

@@ -139,7 +139,8 @@ class ZeroCheckSampler:
             # heap, and a trim after another op's large frees stalled calls 5-16 ms on this 2-core VM (measured)
             groups = -(-x.shape[1] // ops.GROUP)
             maxima = self._workspace.get("group_max", (size, groups), torch.float32, x.device)
-            return tokens, row_max, cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima)
+            weights = self._workspace.get("weights", x.shape, torch.float32, x.device)  # touched by top-p rows only
+            return tokens, row_max, cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima, weights)
         greedy = [b for b in range(size) if batch.greedy[b]]
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
