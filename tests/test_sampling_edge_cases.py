@@ -344,3 +344,21 @@ def test_the_batch_builder_keeps_the_columns_of_the_same_params_objects_only() -
     assert builder.build(equal_values, 100, None, 0, cpu).top_k_list == [5, 0]
     assert builder.build(equal_values, 4, None, 0, cpu).top_k_list == [0, 0]  # top_k >= V: off
     assert builder.build(equal_values[:1], 4, None, 0, cpu).size == 1
+
+
+def test_the_workspace_reuses_one_buffer_per_name_and_grows_it() -> None:
+    """Scratch tensors and host arrays: a name's buffer serves every smaller shape and is replaced by a larger one."""
+    import numpy as np
+
+    from zerocheck.sampling.workspace import Workspace
+
+    workspace = Workspace()
+    first = workspace.array("a", (4, 10), np.float32)
+    smaller = workspace.array("a", (3, 5), np.float32)
+    assert smaller.shape == (3, 5) and np.shares_memory(first, smaller)
+    assert not np.shares_memory(first, workspace.array("b", (4, 10), np.float32))
+    larger = workspace.array("a", (5, 10), np.float32)
+    assert larger.shape == (5, 10) and not np.shares_memory(first, larger)
+    assert np.shares_memory(larger, workspace.array("a", (2, 2), np.float32))
+    tensor = workspace.get("t", (4, 10), torch.float32, torch.device("cpu"))
+    assert workspace.get("t", (2, 3), torch.float32, torch.device("cpu")).data_ptr() == tensor.data_ptr()

@@ -443,21 +443,20 @@ def warm_up() -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, top_p=0.5), SamplingParams(top_p=0.5)]
     for rows in (1, 3 * PARALLEL_TOP_P_ROWS):
         batch = build_batch([params[b % len(params)] for b in range(rows)], 4 * GROUP, None, 0)
-        draw_rows(torch.zeros(rows, 4 * GROUP), batch, torch.empty(rows, dtype=torch.int64), torch.empty(rows),
-                  torch.empty(rows, 4), torch.empty(rows, 4 * GROUP))
+        draw_rows(torch.zeros(rows, 4 * GROUP), batch, np.empty(rows, np.int64), np.empty(rows, np.float32),
+                  np.empty((rows, 4), np.float32), np.empty((rows, 4 * GROUP), np.float32))
 
 
-def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor, row_max: torch.Tensor,
-              maxima: torch.Tensor, weights: torch.Tensor) -> bool:
+def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: np.ndarray, row_max: np.ndarray,
+              maxima: np.ndarray, weights: np.ndarray) -> bool:
     """Draw every row of x [B, V] float32 (contiguous, CPU, penalties applied) into tokens [B] int64
     and row_max [B] float32 (NaN for rows holding NaN, whose token is -1), in place; returns whether
     every row_max is finite. Rows at +inf and all--inf rows get token 0 here (the caller resolves them).
-    Scratch tensors the kernel writes (the caller's workspace: no allocation per call): maxima [B,
+    Scratch arrays the kernel writes (the caller's workspace: no allocation per call): maxima [B,
     ceil(V / GROUP)] float32 for the group maxima; weights [B, V] float32, written by dense top-p rows only."""
     size = batch.size
     # (numpy's ops on a row or two cost tens of us right after a forward swept the caches: none for one row)
     threaded = size >= PARALLEL_ROWS or (size >= PARALLEL_TOP_P_ROWS and batch.nucleus_rows >= PARALLEL_TOP_P_ROWS)
     draw = _draw_rows if threaded else _draw_rows_serial
-    return draw(x.numpy(), maxima.numpy(), batch.kind, batch.top_k.numpy(), batch.temperature.numpy(),
-                batch.top_p.numpy(), batch.min_p.numpy(), batch.keys.numpy(), tokens.numpy(), row_max.numpy(),
-                weights.numpy()) == 0
+    return draw(x.numpy(), maxima, batch.kind, batch.top_k.numpy(), batch.temperature.numpy(),
+                batch.top_p.numpy(), batch.min_p.numpy(), batch.keys.numpy(), tokens, row_max, weights) == 0

@@ -132,15 +132,16 @@ class ZeroCheckSampler:
     def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(tokens, row_max, whether every row's max is finite)."""
         size = batch.size
+        if self.compiled and x.device.type == "cpu":  # numpy in and out: a host tensor op costs several times more
+            tokens, row_max = np.empty(size, np.int64), np.empty(size, np.float32)
+            # scratch reused: a fresh array, freed at the top of the heap, lets glibc trim the heap, and a trim after
+            # another op's large frees stalled calls 5-16 ms on this 2-core VM (measured)
+            maxima = self._workspace.array("group_max", (size, -(-x.shape[1] // ops.GROUP)), np.float32)
+            weights = self._workspace.array("weights", tuple(x.shape), np.float32)  # touched by top-p rows only
+            finite = cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima, weights)
+            return torch.from_numpy(tokens), torch.from_numpy(row_max), finite
         tokens = torch.empty(size, dtype=torch.int64, device=x.device)
         row_max = torch.empty(size, dtype=torch.float32, device=x.device)
-        if self.compiled and x.device.type == "cpu":
-            # the group maxima in a reused tensor: a fresh one, freed at the top of the heap, lets glibc trim the
-            # heap, and a trim after another op's large frees stalled calls 5-16 ms on this 2-core VM (measured)
-            groups = -(-x.shape[1] // ops.GROUP)
-            maxima = self._workspace.get("group_max", (size, groups), torch.float32, x.device)
-            weights = self._workspace.get("weights", x.shape, torch.float32, x.device)  # touched by top-p rows only
-            return tokens, row_max, cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima, weights)
         greedy = [b for b in range(size) if batch.greedy[b]]
         top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
         dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
