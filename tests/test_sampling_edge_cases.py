@@ -334,7 +334,8 @@ def test_the_batch_builder_keeps_the_columns_of_the_same_params_objects_only() -
     fresh = build_batch(params, 100, [[1, 4], [3, 3, 4]], 1)
     for name in ("temperature", "top_k", "top_p", "min_p", "keys"):
         assert torch.equal(getattr(again, name), getattr(fresh, name)), name
-    assert again.kind.tolist() == fresh.kind.tolist() == [1, 2]
+    assert again.host.kind.tolist() == fresh.host.kind.tolist() == [1, 2]
+    assert again.host.keys is not first.host.keys and torch.equal(torch.from_numpy(again.host.keys), again.keys)
     assert not torch.equal(again.keys, first.keys)  # the step's keys
     assert again.penalties.counts.tolist() == fresh.penalties.counts.tolist() == [2.0, 1.0]
     assert again.banned[1].tolist() == fresh.banned[1].tolist() == [9]

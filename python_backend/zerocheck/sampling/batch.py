@@ -42,6 +42,19 @@ class SparsePenalties:
         return rep - self.frequency * self.counts - self.presence
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """A batch's per-row values as host numpy arrays (a CPU batch's tensors share their memory), in the compiled
+    CPU kernel's argument order: no tensor-to-array call per step."""
+
+    kind: np.ndarray  # [B] int64: GREEDY_ROW, TOP_K_ROW or DENSE_ROW (the work a row needs)
+    top_k: np.ndarray  # [B] int64
+    temperature: np.ndarray  # [B] float32
+    top_p: np.ndarray  # [B] float32
+    min_p: np.ndarray  # [B] float32
+    keys: np.ndarray  # [B, 2] int64
+
+
 @dataclass
 class SamplingBatch:
     """Tensors and flags describing one batch of B rows over a vocabulary of V tokens."""
@@ -54,7 +67,7 @@ class SamplingBatch:
     keys: torch.Tensor  # [B, 2] int64 noise keys from (seed, step)
     greedy: list[bool]
     top_k_list: list[int]
-    kind: np.ndarray  # [B] int64: GREEDY_ROW, TOP_K_ROW or DENSE_ROW (the work a row needs)
+    host: HostRows  # the per-row values on the host, for the compiled CPU kernel
     nucleus_rows: int  # DENSE_ROW rows with top_p < 1
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows [N], tokens [N]) int64, bias [N] f32
     penalties: SparsePenalties | None
@@ -89,9 +102,9 @@ class RowColumns:
     top_k: torch.Tensor
     top_p: torch.Tensor
     min_p: torch.Tensor
+    host: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # kind, top_k, temperature, top_p, min_p
     greedy: list[bool]
     top_k_list: list[int]
-    kind: np.ndarray
     nucleus_rows: int
     seeds: list[int | None]
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
@@ -105,17 +118,16 @@ def row_columns(params: Sequence[SamplingParams], vocab_size: int, device: torch
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
     kind = [GREEDY_ROW if g else TOP_K_ROW if k else DENSE_ROW for g, k in zip(greedy, top_k)]
 
-    def column(values: list, dtype: type) -> torch.Tensor:  # numpy first: torch.tensor of a list is slower
-        return torch.from_numpy(np.array(values, dtype=dtype)).to(device)
-
+    host = (np.array(kind, np.int64), np.array(top_k, np.int64),
+            np.array([p.temperature if not g else 1.0 for p, g in zip(params, greedy)], np.float32),
+            np.array([p.top_p for p in params], np.float32), np.array([p.min_p for p in params], np.float32))
+    # numpy first (torch.tensor of a list is slower); on the CPU the tensors share the arrays' memory
     return RowColumns(
         params=tuple(params), vocab_size=vocab_size, device=device,
-        temperature=column([p.temperature if not g else 1.0 for p, g in zip(params, greedy)], np.float32),
-        top_k=column(top_k, np.int64),
-        top_p=column([p.top_p for p in params], np.float32),
-        min_p=column([p.min_p for p in params], np.float32),
+        temperature=_on(torch.from_numpy(host[2]), device), top_k=_on(torch.from_numpy(host[1]), device),
+        top_p=_on(torch.from_numpy(host[3]), device), min_p=_on(torch.from_numpy(host[4]), device), host=host,
         greedy=greedy, top_k_list=top_k, seeds=[p.seed for p in params],
-        kind=np.array(kind, np.int64), nucleus_rows=sum(c == DENSE_ROW and p.top_p < 1.0 for c, p in zip(kind, params)),
+        nucleus_rows=sum(c == DENSE_ROW and p.top_p < 1.0 for c, p in zip(kind, params)),
         bias=_logit_bias(params, vocab_size, device),
         penalised=[b for b, p in enumerate(params) if p.has_penalties],
         banning=[b for b, p in enumerate(params) if p.bad_words])
@@ -127,12 +139,14 @@ def batch_of(columns: RowColumns, history: Sequence[Sequence[int]] | None, step:
     if history is not None and len(history) != len(params):
         raise SamplingParamError(f"history has {len(history)} rows but params has {len(params)}")
     keys = row_keys(columns.seeds, row_steps(step, len(params)))
+    device = columns.device
     return SamplingBatch(
         vocab_size=columns.vocab_size, temperature=columns.temperature, top_k=columns.top_k, top_p=columns.top_p,
-        min_p=columns.min_p, keys=_on(torch.from_numpy(keys), columns.device), greedy=columns.greedy,
-        top_k_list=columns.top_k_list, kind=columns.kind, nucleus_rows=columns.nucleus_rows, bias=columns.bias,
-        penalties=_sparse_penalties(params, columns.penalised, history, columns.vocab_size, columns.device),
-        banned=_banned_tokens(params, columns.banning, history, columns.vocab_size, columns.device),
+        min_p=columns.min_p, keys=_on(torch.from_numpy(keys), device), host=HostRows(*columns.host, keys),
+        greedy=columns.greedy, top_k_list=columns.top_k_list, nucleus_rows=columns.nucleus_rows, bias=columns.bias,
+        penalties=_sparse_penalties(params, columns.penalised, history, columns.vocab_size, device)
+        if columns.penalised else None,
+        banned=_banned_tokens(params, columns.banning, history, columns.vocab_size, device) if columns.banning else None,
     )
 
 

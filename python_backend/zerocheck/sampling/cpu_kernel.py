@@ -458,5 +458,6 @@ def draw_rows(x: torch.Tensor, batch: SamplingBatch, tokens: np.ndarray, row_max
     # (numpy's ops on a row or two cost tens of us right after a forward swept the caches: none for one row)
     threaded = size >= PARALLEL_ROWS or (size >= PARALLEL_TOP_P_ROWS and batch.nucleus_rows >= PARALLEL_TOP_P_ROWS)
     draw = _draw_rows if threaded else _draw_rows_serial
-    return draw(x.numpy(), maxima, batch.kind, batch.top_k.numpy(), batch.temperature.numpy(),
-                batch.top_p.numpy(), batch.min_p.numpy(), batch.keys.numpy(), tokens, row_max, weights) == 0
+    host = batch.host
+    return draw(x.numpy(), maxima, host.kind, host.top_k, host.temperature, host.top_p, host.min_p, host.keys, tokens,
+                row_max, weights) == 0
