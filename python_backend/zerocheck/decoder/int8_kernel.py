@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zerocheck.jit import available, numba, widen_bf16  # noqa: F401  (available: the kernel runs)
+from zerocheck.jit import available, chunk_bounds, numba, widen_bf16  # noqa: F401  (available: the kernel runs)
 
 _F = np.float32
 
@@ -35,7 +35,8 @@ def _matvec(codes, scales, x_bits, out, chunks):
     x = np.empty(inputs, np.float32)
     widen_bf16(x_bits, x)
     for c in numba.prange(chunks):
-        for n in range(c * rows // chunks, (c + 1) * rows // chunks):
+        start, stop = chunk_bounds(c, rows, chunks)
+        for n in range(start, stop):
             total = _F(0.0)
             for k in range(inputs):
                 total += _F(codes[n, k]) * x[k]

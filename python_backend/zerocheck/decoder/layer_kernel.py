@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zerocheck.jit import (EXP_FLOOR, available, exp_parts, numba, round_bf16, store_bf16,  # noqa: F401
+from zerocheck.jit import (EXP_FLOOR, available, chunk_bounds, exp_parts, numba, round_bf16, store_bf16,  # noqa: F401
                            widen_bf16)  # (available: the kernels run)
 
 _F = np.float32
@@ -90,16 +90,16 @@ if numba is not None:
 
 def _add_rms_norm_parallel(x, delta, weight, eps, out, add, chunks):
     """`_add_rms_norm` over all rows, in `chunks` runs of rows spread over numba's threads."""
-    rows = x.shape[0]
     for c in numba.prange(chunks):
-        _add_rms_norm(x, delta, weight, eps, out, add, c * rows // chunks, (c + 1) * rows // chunks)
+        start, stop = chunk_bounds(c, x.shape[0], chunks)
+        _add_rms_norm(x, delta, weight, eps, out, add, start, stop)
 
 
 def _silu_mul_parallel(gate_up, out, chunks):
     """`_silu_mul` over all rows, in `chunks` runs of rows spread over numba's threads."""
-    rows = out.shape[0]
     for c in numba.prange(chunks):
-        _silu_mul(gate_up, out, c * rows // chunks, (c + 1) * rows // chunks)
+        start, stop = chunk_bounds(c, out.shape[0], chunks)
+        _silu_mul(gate_up, out, start, stop)
 
 
 if numba is not None:

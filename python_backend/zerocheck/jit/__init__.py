@@ -79,7 +79,14 @@ def store_bf16(values, bits):
         bits[d] = np.int16(np.uint16(wide[d] >> 16))
 
 
+def chunk_bounds(chunk, items, chunks):
+    """[start, stop) of run `chunk` of `chunks` near-equal runs over `items` items: the runs a `prange` over
+    chunks (one a thread) hands its iterations."""
+    return chunk * items // chunks, (chunk + 1) * items // chunks
+
+
 if numba is not None:
+    chunk_bounds = numba.njit(inline="always", cache=True)(chunk_bounds)
     exp_parts = numba.njit(inline="always", cache=True)(exp_parts)
     widen_bf16 = numba.njit(inline="always", cache=True)(widen_bf16)
     round_bf16 = numba.njit(inline="always", cache=True)(round_bf16)
