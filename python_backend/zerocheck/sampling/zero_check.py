@@ -101,8 +101,9 @@ def finish(raw: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor, finit
 
 class ZeroCheckSampler:
     """Orchestration of the zero-check sampler (see the module docstring); its only state is a
-    per-thread workspace of scratch tensors and the last call's per-row columns (`BatchBuilder`). With `compiled=True` (and numba installed), rows on CPU
-    run in the compiled kernel of `cpu_kernel` instead of eager torch ops."""
+    per-thread workspace of scratch tensors and the last call's per-row columns (`BatchBuilder`). With
+    `compiled=True` (and numba installed), rows on CPU run in the compiled kernel of `cpu_kernel` instead of
+    eager torch ops."""
 
     def __init__(self, compiled: bool = False) -> None:
         self._workspace = Workspace()
