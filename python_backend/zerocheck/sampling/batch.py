@@ -116,18 +116,19 @@ def row_columns(params: Sequence[SamplingParams], vocab_size: int, device: torch
     """The params' per-row tensors and lists on `device` (logit bias ids checked against the vocabulary)."""
     greedy = [p.is_greedy for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
-    kind = [GREEDY_ROW if g else TOP_K_ROW if k else DENSE_ROW for g, k in zip(greedy, top_k)]
-
-    host = (np.array(kind, np.int64), np.array(top_k, np.int64),
-            np.array([p.temperature if not g else 1.0 for p, g in zip(params, greedy)], np.float32),
-            np.array([p.top_p for p in params], np.float32), np.array([p.min_p for p in params], np.float32))
+    kind = np.array([GREEDY_ROW if g else TOP_K_ROW if k else DENSE_ROW for g, k in zip(greedy, top_k)], np.int64)
     # numpy first (torch.tensor of a list is slower); on the CPU the tensors share the arrays' memory
+    top_k_array = np.array(top_k, np.int64)
+    temperature = np.array([p.temperature if not g else 1.0 for p, g in zip(params, greedy)], np.float32)
+    top_p = np.array([p.top_p for p in params], np.float32)
+    min_p = np.array([p.min_p for p in params], np.float32)
     return RowColumns(
         params=tuple(params), vocab_size=vocab_size, device=device,
-        temperature=_on(torch.from_numpy(host[2]), device), top_k=_on(torch.from_numpy(host[1]), device),
-        top_p=_on(torch.from_numpy(host[3]), device), min_p=_on(torch.from_numpy(host[4]), device), host=host,
+        temperature=_on(torch.from_numpy(temperature), device), top_k=_on(torch.from_numpy(top_k_array), device),
+        top_p=_on(torch.from_numpy(top_p), device), min_p=_on(torch.from_numpy(min_p), device),
+        host=(kind, top_k_array, temperature, top_p, min_p),
         greedy=greedy, top_k_list=top_k, seeds=[p.seed for p in params],
-        nucleus_rows=sum(c == DENSE_ROW and p.top_p < 1.0 for c, p in zip(kind, params)),
+        nucleus_rows=int(((kind == DENSE_ROW) & (top_p < 1.0)).sum()),
         bias=_logit_bias(params, vocab_size, device),
         penalised=[b for b, p in enumerate(params) if p.has_penalties],
         banning=[b for b, p in enumerate(params) if p.bad_words])

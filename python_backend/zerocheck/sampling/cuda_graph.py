@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import ops
-from .batch import BatchBuilder, SamplingBatch, row_steps
+from .batch import DENSE_ROW, BatchBuilder, SamplingBatch, row_steps
 from .params import SamplingParamError, SamplingParams
 from .zero_check import SampleOutput, ZeroCheckSampler, all_finite, finish, mark_nan_under_edits, resolve_posinf
 
@@ -202,13 +202,12 @@ class CudaGraphSampler:
         self._load(body, logits, batch)
         static_x = body.inputs["x"][:batch.size]
         edits = ops.apply_penalties_and_bans(static_x, batch)
-        dense_rows = [not greedy and k == 0 for greedy, k in zip(batch.greedy, batch.top_k_list)]
+        dense_rows = (batch.host.kind == DENSE_ROW).tolist()
         if not all(dense_rows):
             body.candidate.replay()
         dense_step = None
         if any(dense_rows):  # the histogram and rank of top-p only when a dense row asks for it
-            nucleus = any(d and p.top_p < 1.0 for d, p in zip(dense_rows, params))
-            dense_step = body.nucleus if nucleus else body.dense
+            dense_step = body.nucleus if batch.nucleus_rows else body.dense
             dense_step.replay()
         self.replays += 1
         tokens, row_max, tied = (out[:batch.size].clone() for out in body.candidate.outputs)

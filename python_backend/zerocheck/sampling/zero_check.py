@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from . import cpu_kernel, ops
-from .batch import BatchBuilder, SamplingBatch
+from .batch import DENSE_ROW, GREEDY_ROW, TOP_K_ROW, BatchBuilder, SamplingBatch
 from .params import SamplingParamError, SamplingParams
 from .workspace import Workspace
 
@@ -143,9 +143,8 @@ class ZeroCheckSampler:
             return torch.from_numpy(tokens), torch.from_numpy(row_max), finite
         tokens = torch.empty(size, dtype=torch.int64, device=x.device)
         row_max = torch.empty(size, dtype=torch.float32, device=x.device)
-        greedy = [b for b in range(size) if batch.greedy[b]]
-        top_k = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] > 0]
-        dense = [b for b in range(size) if not batch.greedy[b] and batch.top_k_list[b] == 0]
+        kind = batch.host.kind
+        greedy, top_k, dense = (np.flatnonzero(kind == k).tolist() for k in (GREEDY_ROW, TOP_K_ROW, DENSE_ROW))
         if greedy:
             rows = _rows(x, greedy)
             values, ids = rows.max(-1)
