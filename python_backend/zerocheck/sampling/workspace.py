@@ -2,6 +2,7 @@
 faults that are as slow as the pass itself on CPU. One workspace per thread."""
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -18,9 +19,7 @@ class Workspace(threading.local):
         self._arrays: dict[tuple, np.ndarray] = {}
 
     def array(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         key = (name, dtype)
         buffer = self._arrays.get(key)
         if buffer is None or buffer.shape[0] < numel:
@@ -28,9 +27,7 @@ class Workspace(threading.local):
         return buffer[:numel].reshape(shape)
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         key = (name, dtype, device)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < numel:
