@@ -22,6 +22,7 @@ MIXED = [
     SamplingParams(temperature=0.7, seed=8),
     SamplingParams(min_p=0.05, temperature=1.1, seed=9),
     SamplingParams(top_p=0.9, min_p=0.02, temperature=0.8, seed=10),
+    SamplingParams(top_p=0.2, seed=11),  # most of its races' tokens fall outside the nucleus: the second race
 ]
 
 
@@ -150,6 +151,24 @@ def test_masses_from_the_kept_weights_are_the_recomputed_ones(lower: float) -> N
     cpu_kernel._group_masses(row, gm, top, inv_t, np.float32(lower), recomputed, none, every, none)
     np.testing.assert_allclose(kept, recomputed, rtol=1e-5)
     assert (kept > 0).sum() == ((gm - top) * inv_t >= lower).sum() > 0
+
+
+@pytest.mark.parametrize("level", [-9.0, -3.0, 0.0])
+def test_the_nucleus_masses_are_the_rows_mass_and_the_mass_above_a_level(level: float) -> None:
+    """`_nucleus_masses`: the row's mass and the mass strictly above a level (the level itself held by tokens),
+    as float64 sums of exp(y), with a partial last group."""
+    import numpy as np
+
+    vocab = 5 * 128 + 7
+    row = (torch.randn(vocab, generator=torch.Generator().manual_seed(9)) * 3).numpy()
+    gm = np.empty(-(-vocab // 128), np.float32)
+    top = gm[cpu_kernel._group_maxima(row, gm)[0]]
+    inv_t = np.float32(1 / 0.7)
+    y = (row - top) * inv_t
+    at = np.float32(y[np.argmin(np.abs(y - level))])  # a token's own y: the tokens at it are not above it
+    total, above = cpu_kernel._nucleus_masses(row, gm, top, inv_t, at)
+    w = np.exp(y.astype(np.float64))
+    np.testing.assert_allclose([total, above], [w.sum(), w[y > at].sum()], rtol=1e-6)
 
 
 def test_one_compiled_sampler_serves_batches_of_other_sizes_and_vocabularies() -> None:

@@ -135,8 +135,10 @@ def test_static_top_p_threshold_is_the_exact_one(cuda_graph) -> None:
 def test_a_top_p_row_past_the_ranked_members_is_redrawn_eager(cuda_graph) -> None:
     sampler = cuda_graph.CudaGraphSampler(3000, 4, device="cpu")
     logits = torch.randn(2, 3000)
-    logits[0] = 1.0  # 3000 equal logits: one bucket holds the whole row, past TOP_P_MEMBERS
-    params = [SamplingParams(top_p=0.5, seed=1), SamplingParams(top_p=0.5, seed=2)]
+    # 3000 distinct logits 0.005 apart in all: one bucket holds the whole row, past TOP_P_MEMBERS, and the race's
+    # token lies outside the nucleus (its top ~5 %: seed 1's does not), so the row needs the second race
+    logits[0] = torch.linspace(1.0, 1.005, 3000)
+    params = [SamplingParams(top_p=0.05, seed=1), SamplingParams(top_p=0.5, seed=2)]
     out = sampler.sample(logits, params)
     assert (sampler.replays, sampler.eager_calls, sampler.eager_rows) == (1, 0, 1)
     assert out.tokens.tolist() == ZeroCheckSampler().sample(logits, params).tokens.tolist()

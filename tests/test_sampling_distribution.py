@@ -128,6 +128,11 @@ CASES = [
     Case("top_k_3_prefilter_V2000", lambda: peaked_row(2000, 3, head=12), SamplingParams(top_k=3, temperature=1.3)),
     Case("top_p_0.9_V300", lambda: peaked_row(300, 4, head=80), SamplingParams(top_p=0.9)),
     Case("top_p_0.9_dense_V5000", lambda: peaked_row(5000, 5, head=120), SamplingParams(top_p=0.9)),
+    # top-p draws are proposals kept when inside the nucleus: at top_p 0.3 on a flat row most are rejected and
+    # drawn again over the nucleus; with min-p and temperature both branches share the draws
+    Case("top_p_0.3_mostly_redrawn_V2000", lambda: spread_row(2000, 10, 3.0), SamplingParams(top_p=0.3)),
+    Case("top_p_0.6_min_p_T_V3000", lambda: peaked_row(3000, 11, head=200),
+         SamplingParams(temperature=1.2, top_p=0.6, min_p=0.02)),
     Case("min_p_0.05_V300", lambda: peaked_row(300, 6, head=60, spread=4.5), SamplingParams(min_p=0.05)),
     Case("penalties_V100", lambda: penalised_row(100, 7)[0],
          SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2),

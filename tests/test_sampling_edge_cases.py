@@ -12,6 +12,8 @@ import torch
 from reference_sampling import compiled_zero_check_sample, penalised_logits, reference_probs
 from zerocheck.sampling import (CheckedSampler, SamplingParamError, SamplingParams, ZeroCheckSampler,
                                 checked_sample, zero_check_sample)
+from zerocheck.sampling import ops
+from zerocheck.sampling.workspace import Workspace
 
 PATHS = {"zero_check": zero_check_sample, "zero_check_compiled": compiled_zero_check_sample,
          "checked": checked_sample}
@@ -351,8 +353,6 @@ def test_the_workspace_reuses_one_buffer_per_name_and_grows_it() -> None:
     """Scratch tensors and host arrays: a name's buffer serves every smaller shape and is replaced by a larger one."""
     import numpy as np
 
-    from zerocheck.sampling.workspace import Workspace
-
     workspace = Workspace()
     first = workspace.array("a", (4, 10), np.float32)
     smaller = workspace.array("a", (3, 5), np.float32)
@@ -363,3 +363,24 @@ def test_the_workspace_reuses_one_buffer_per_name_and_grows_it() -> None:
     assert np.shares_memory(larger, workspace.array("a", (2, 2), np.float32))
     tensor = workspace.get("t", (4, 10), torch.float32, torch.device("cpu"))
     assert workspace.get("t", (2, 3), torch.float32, torch.device("cpu")).data_ptr() == tensor.data_ptr()
+
+
+def test_a_drawn_token_is_in_the_nucleus_exactly_when_the_threshold_keeps_it() -> None:
+    """`ops.in_nucleus` (the accept test of a top-p row's race) holds for a token exactly when y >= the exact
+    top-p threshold (`ops.dense_top_p_threshold`: the smallest top set reaching top_p of the mass, ties kept),
+    tried for every token of rows with ties, and unchanged when min-p zeroed weights below the token."""
+    vocab, top_p = 400, torch.tensor([0.3, 0.5, 0.9, 0.99])
+    x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3)) * 2
+    x[1, :40] = x[1].max()  # 40 tokens tied at the top
+    x[2, 100:130] = x[2].median()  # 30 tied in the middle
+    y = x - x.amax(-1, keepdim=True)
+    w = torch.exp(y)
+    tau = ops.dense_top_p_threshold(y, w, top_p, Workspace())
+    rows = torch.arange(4).repeat_interleave(vocab)
+    drawn = torch.arange(vocab).repeat(4)
+    ys, ws = y[rows], w[rows]
+    held = ops.in_nucleus(ys, ws, drawn, top_p[rows], w.sum(-1, dtype=torch.float64)[rows])
+    assert torch.equal(held, y.flatten() >= tau[rows])
+    floor = ys.gather(1, drawn.unsqueeze(1))  # min-p cut just at the drawn token: every token above it passes
+    masked = ws.masked_fill(ys < floor, 0.0)
+    assert torch.equal(ops.in_nucleus(ys, masked, drawn, top_p[rows], w.sum(-1, dtype=torch.float64)[rows]), held)

@@ -10,11 +10,13 @@ work, so no row is sorted and only dense rows exponentiate every token:
   Then, as `ops.draw_from_candidates`: temperature, top-p on the float64 cumulative mass, min-p and
   the exponential race;
 - dense rows (no top-k): y = (x - max) / T and w = exp(y) a group at a time (a vectorised exp, within
-  2 ulp of float32's), the group masses, for top-p the mass histogram and exact crossing token of
-  `ops.dense_top_p_threshold` (w kept, so the masses above it need no second exp), min-p, then the
-  two-stage race of `ops.race_draw_dense` (groups by
-  their mass, then the members of the winning group). With temperature alone, only the groups that
-  bounds from their maxima leave in contention are summed (the race's winner is the same).
+  2 ulp of float32's), the group masses above min-p, then the two-stage race of `ops.race_draw_dense`
+  (groups by their mass, then the members of the winning group). Without min-p, only the groups that
+  bounds from their maxima leave in contention are summed (the race's winner is the same). With top-p
+  the race's token is a proposal, kept when it lies in the nucleus (`ops.in_nucleus`: one exp pass
+  sums the row's mass and the mass above the token); a rejected row (probability <= 1 - top_p) takes
+  the mass histogram and exact crossing token of `ops.dense_top_p_threshold` (w kept, so the masses
+  above it need no second exp) and a second race over the nucleus with independent noise.
 The noise is `noise.exponential_noise`'s, keyed by the same (row key, counter), so a row gets the
 token the eager torch path gives (up to float32 rounding of exp and of the order of the sums).
 
@@ -32,11 +34,11 @@ import torch
 from zerocheck.jit import EXP_FLOOR, available, exp_parts, numba  # noqa: F401  (available: the kernel runs)
 
 from .batch import GREEDY_ROW, TOP_K_ROW, SamplingBatch, build_batch
-from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE
+from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, TOP_P_RETRY_SALT
 from .params import SamplingParams
 
 # rows are spread over numba's threads (OpenMP, zerocheck.jit) in batches of at least PARALLEL_ROWS rows or
-# with at least PARALLEL_TOP_P_ROWS dense top-p rows (~0.25 ms each at V = 128256); lighter batches run in
+# with at least PARALLEL_TOP_P_ROWS dense top-p rows (70-250 us each at V = 128256); lighter batches run in
 # the calling thread. Measured at 32 x 128256 on 2 cores (two runs each, ms): greedy 1.20-1.28 serial vs
 # 0.83-1.22 threaded, T=0.7 1.82-2.54 vs 1.27-1.73, top-k 50 1.68-2.49 vs 1.26-1.50
 PARALLEL_ROWS = 8
@@ -341,41 +343,78 @@ def _top_p_threshold(row, gmax, top, inv_t, top_p, hist):
     return members[count - 1]
 
 
-def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1, weights):
-    """A dense row's token by the two-stage race (see the module docstring); top: the row's finite max;
-    weights: scratch of the row's length for a top-p row (its w, kept between the two passes)."""
+def _nucleus_masses(row, gmax, top, inv_t, level):
+    """(total, above): the float64 sums of w = exp(y) over the row and over its tokens with y > level (w = 0 at
+    or below EXP_FLOOR), from float32 sums a group at a time: one vectorised exp pass, no stores."""
     vocab = row.shape[0]
+    w = np.empty(GROUP, np.float32)
+    bits = np.empty(GROUP, np.int32)
+    scale = bits.view(np.float32)
+    total, above = 0.0, 0.0
+    for g in range(gmax.shape[0]):
+        if (gmax[g] - top) * inv_t <= EXP_FLOOR:
+            continue
+        start = g * GROUP
+        n = min(GROUP, vocab - start)
+        for i in range(n):
+            y = (row[start + i] - top) * inv_t
+            z = y if y > EXP_FLOOR else EXP_FLOOR
+            p, bits[i] = exp_parts(z)
+            w[i] = p if y > EXP_FLOOR else _F(0.0)
+        group_total, group_above = _F(0.0), _F(0.0)
+        for i in range(n):
+            w[i] *= scale[i]
+            group_total += w[i]
+            group_above += w[i] if (row[start + i] - top) * inv_t > level else _F(0.0)
+        total += np.float64(group_total)
+        above += np.float64(group_above)
+    return total, above
+
+
+def _race(row, top, inv_t, lower, mass, key0, key1, salt):
+    """The two-stage race: the groups by their masses `mass` (0: out of the race), then the winning group's
+    tokens with y >= lower by their log-weights y (no exp needed); noise counters offset by salt."""
+    vocab = row.shape[0]
+    best, winner = np.inf, 0
+    for g in range(mass.shape[0]):
+        if mass[g] > 0.0:
+            score = _exp_noise(key0, key1, g + GROUP_SALT + salt) / np.float64(mass[g])
+            if score < best:
+                best, winner = score, g
+    top_score, arg = -np.inf, winner * GROUP
+    for i in range(winner * GROUP, min(vocab, (winner + 1) * GROUP)):
+        y = (row[i] - top) * inv_t
+        if y > EXP_FLOOR and y >= lower:
+            score = np.float64(y) - math.log(_exp_noise(key0, key1, i + salt))
+            if score > top_score:
+                top_score, arg = score, i
+    return arg
+
+
+def _draw_dense(row, gmax, top, inv_t, top_p, min_p_log, key0, key1, weights):
+    """A dense row's token (see the module docstring); top: the row's finite max; weights: scratch of the row's
+    length for a top-p row whose proposal is rejected (its w, kept between the two passes)."""
     groups = gmax.shape[0]
     mass = np.empty(groups, np.float32)
     every = np.empty(0, np.bool_)
     none = np.empty(0, np.float32)
-    lower = _F(-np.inf)
-    if top_p < 1.0:
-        hist = np.zeros(HIST_BUCKETS, np.float32)
-        _group_masses(row, gmax, top, inv_t, lower, mass, hist, every, weights)
-        lower = max(_top_p_threshold(row, gmax, top, inv_t, top_p, hist), min_p_log)
-        if lower > -np.inf:
-            _stored_masses(row, gmax, top, inv_t, lower, weights, mass)
-    elif min_p_log > -np.inf:
-        lower = min_p_log
-        _group_masses(row, gmax, top, inv_t, lower, mass, none, every, none)
-    else:  # temperature only: the masses of the groups that can still win
-        _group_masses(row, gmax, top, inv_t, lower, mass, none, _contending_groups(gmax, top, inv_t, vocab, key0, key1),
-                      none)
-    best, winner = np.inf, 0
-    for g in range(groups):
-        if mass[g] > 0.0:
-            score = _exp_noise(key0, key1, g + GROUP_SALT) / np.float64(mass[g])
-            if score < best:
-                best, winner = score, g
-    top_score, arg = -np.inf, winner * GROUP
-    for i in range(winner * GROUP, min(vocab, (winner + 1) * GROUP)):  # log-weight y: no exp needed
-        y = (row[i] - top) * inv_t
-        if y > EXP_FLOOR and y >= lower:
-            score = np.float64(y) - math.log(_exp_noise(key0, key1, i))
-            if score > top_score:
-                top_score, arg = score, i
-    return arg
+    if min_p_log > -np.inf:
+        _group_masses(row, gmax, top, inv_t, min_p_log, mass, none, every, none)
+    else:  # the masses of the groups that can still win
+        _group_masses(row, gmax, top, inv_t, min_p_log, mass, none,
+                      _contending_groups(gmax, top, inv_t, row.shape[0], key0, key1), none)
+    token = _race(row, top, inv_t, min_p_log, mass, key0, key1, 0)
+    if top_p >= 1.0:
+        return token
+    total, above = _nucleus_masses(row, gmax, top, inv_t, (row[token] - top) * inv_t)
+    if above < np.float64(top_p) * total:  # the proposal lies in the nucleus: kept
+        return token
+    hist = np.zeros(HIST_BUCKETS, np.float32)
+    _group_masses(row, gmax, top, inv_t, _F(-np.inf), mass, hist, every, weights)
+    lower = max(_top_p_threshold(row, gmax, top, inv_t, top_p, hist), min_p_log)
+    if lower > -np.inf:
+        _stored_masses(row, gmax, top, inv_t, lower, weights, mass)
+    return _race(row, top, inv_t, lower, mass, key0, key1, TOP_P_RETRY_SALT)
 
 
 def _draw_row(r, x, gmax, kind, top_k, temperature, top_p, min_p, keys, tokens, row_max, weights):
@@ -425,6 +464,8 @@ if numba is not None:
     _group_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_group_masses)
     _stored_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_stored_masses)
     _bucket = numba.njit(inline="always", cache=True)(_bucket)
+    _nucleus_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_nucleus_masses)
+    _race = numba.njit(cache=True)(_race)
     _contending_groups = numba.njit(cache=True)(_contending_groups)
     _group_maxima = numba.njit(inline="always", cache=True)(_group_maxima)
     _largest = numba.njit(cache=True)(_largest)

@@ -6,11 +6,12 @@ mid-traffic: capture synchronises and empties the allocator's cache) over static
 tensors. Each bucket holds three steps over the same buffers: the candidate step for greedy rows and
 rows with 0 < top_k <= `max_top_k` (top-p and min-p then act on the candidates), and two dense steps for
 rows without top-k (temperature and min-p over whole rows, the two-stage race), one of them with top-p
-(its exact threshold by the mass histogram, the crossing bucket ranked by a fixed-size top-k), replayed
-only when a dense row has top_p < 1 (the default rows skip its histogram and ranking); a batch replays
-the ones its rows need. Penalties and bans are sparse writes into the static logits buffer
-before replay. A row whose k-th value is tied past the candidates (common with bf16 logits), or whose
-top-p crossing bucket holds more than TOP_P_MEMBERS tokens, is redrawn alone by the eager
+(the race's token kept when it lies in the nucleus, else a second race over the nucleus: its exact
+threshold by the mass histogram, the crossing bucket ranked by a fixed-size top-k), replayed only when a
+dense row has top_p < 1 (the default rows skip its histogram and ranking); a batch replays the ones its
+rows need. Penalties and bans are sparse writes into the static logits buffer before replay. A row whose
+k-th value is tied past the candidates (common with bf16 logits), or that needs the second top-p race and
+whose crossing bucket holds more than TOP_P_MEMBERS tokens, is redrawn alone by the eager
 `ZeroCheckSampler`, the other rows keep the graph's tokens; batches with a top-k above `max_top_k` or
 more rows than the largest bucket run eager whole. On a CPU device the same steps run eagerly on the
 same buffers, so the runner's logic is tested without a GPU.
@@ -64,25 +65,30 @@ def candidate_step(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
 
 def dense_step(x: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
                keys: torch.Tensor, members: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Static-shape dense draw with no host sync (capturable): temperature, top-p (with `members`:
-    `ops.dense_top_p_threshold_static`, its crossing bucket ranked `members` deep; None: top_p is not read, the
-    rows have none) and min-p over whole rows, then the two-stage race: the eager sampler's dense path for rows
-    without top-k, op for op. Returns tokens [R] int64, row max [R] float32 (rows that are not finite are
-    resolved after) and [R] bool top-p rows whose crossing bucket held more than `members` tokens (those need
-    the eager sampler)."""
+    """Static-shape dense draw with no host sync (capturable): temperature and min-p over whole rows, the
+    two-stage race, and with `members` top-p (None: top_p is not read, the rows have none): the race's token is
+    kept when it lies in the nucleus (`ops.in_nucleus`), and the other top-p rows take a second race over the
+    nucleus (`ops.dense_top_p_threshold_static`, its crossing bucket ranked `members` deep): the eager
+    sampler's dense path for rows without top-k, op for op, both races computed for every row. Returns tokens
+    [R] int64, row max [R] float32 (rows that are not finite are resolved after) and [R] bool top-p rows that
+    needed the second race and whose crossing bucket held more than `members` tokens (those need the eager
+    sampler)."""
     top = x.amax(-1)
     shift = torch.where(torch.isfinite(top), top, 0.0)
     y = (x - shift.unsqueeze(1)).mul_((1.0 / temperature).unsqueeze(1))
     w = torch.exp(y)
     lower = torch.log(min_p)
-    overflow = torch.zeros_like(top, dtype=torch.bool)
     if members is not None:
+        total = w.sum(-1, dtype=torch.float64)
         tau, overflow = ops.dense_top_p_threshold_static(y, w, top_p, members)
-        nucleus = top_p < 1.0
-        lower = torch.maximum(lower, torch.where(nucleus, tau, -math.inf))
-        overflow &= nucleus
     w.masked_fill_(y < lower.unsqueeze(1), 0.0)
-    return ops.race_draw_dense(y, w, keys), top, overflow
+    drawn = ops.race_draw_dense(y, w, keys)
+    if members is None:
+        return drawn, top, torch.zeros_like(top, dtype=torch.bool)
+    retry = (top_p < 1.0) & ~ops.in_nucleus(y, w, drawn, top_p, total)
+    w.masked_fill_(y < torch.where(retry, tau, -math.inf).unsqueeze(1), 0.0)
+    drawn = torch.where(retry, ops.race_draw_dense(y, w, keys, ops.TOP_P_RETRY_SALT), drawn)
+    return drawn, top, overflow & retry
 
 
 def same_device(runner: torch.device, tensor: torch.device) -> bool:

@@ -20,6 +20,7 @@ GROUP = 128  # tokens per group: the unit of the two-stage race and of the top-k
 HIST_BUCKETS = 4096  # value buckets of the sort-free top-p search
 HIST_RANGE = 32.0  # buckets cover y in [-HIST_RANGE, 0]; lower values share the last bucket
 GROUP_SALT = 1 << 32  # counters of group-level noise, disjoint from token ids
+TOP_P_RETRY_SALT = 2 << 32  # added to a top-p row's second race's counters: noise independent of the first race
 
 
 @dataclass
@@ -226,24 +227,38 @@ def draw_from_candidates(values: torch.Tensor, ids: torch.Tensor, k: torch.Tenso
     return race_draw_candidates(y, keep, ids, keys), kth, tied
 
 
-def race_draw_dense(y: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def race_draw_dense(y: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, salt: int = 0) -> torch.Tensor:
     """Two-stage exponential race over whole rows, with noise for ~V/GROUP + GROUP entries per row.
 
-    y: [R, V] float32 log-weights; w: [R, V] float32 = exp(y), 0 where excluded; keys: [R, 2].
-    Stage 1 races the groups with weights sum(w) per group; stage 2 races the members of the
-    winning group with weights w. P(token) = P(group) * P(token | group) = w_token / sum(w).
-    Returns token ids [R] int64.
+    y: [R, V] float32 log-weights; w: [R, V] float32 = exp(y), 0 where excluded; keys: [R, 2]; salt: added to
+    every noise counter (TOP_P_RETRY_SALT: a race independent of the one without). Stage 1 races the groups
+    with weights sum(w) per group; stage 2 races the members of the winning group with weights w.
+    P(token) = P(group) * P(token | group) = w_token / sum(w). Returns token ids [R] int64.
     """
     rows, vocab = y.shape
     mass = group_sum(w)  # [R, G]
-    groups = torch.arange(mass.shape[1], device=y.device).expand(rows, -1) + GROUP_SALT
+    groups = torch.arange(mass.shape[1], device=y.device).expand(rows, -1) + (GROUP_SALT + salt)
     winner = race_scores(torch.log(mass), keys, groups).argmax(-1, keepdim=True)  # [R, 1]
     ids = winner * GROUP + torch.arange(GROUP, device=y.device)
     valid = ids < vocab
     ids = ids.clamp_(max=vocab - 1)
     member_w = w.gather(1, ids)
     log_w = torch.where(valid & (member_w > 0), y.gather(1, ids), -math.inf)
-    return ids.gather(1, race_scores(log_w, keys, ids).argmax(-1, keepdim=True)).squeeze(1)
+    return ids.gather(1, race_scores(log_w, keys, ids + salt).argmax(-1, keepdim=True)).squeeze(1)
+
+
+def in_nucleus(y: torch.Tensor, w: torch.Tensor, drawn: torch.Tensor, top_p: torch.Tensor, total: torch.Tensor
+               ) -> torch.Tensor:
+    """Whether each drawn token lies in its row's top-p nucleus: the mass of the tokens above it (y > its y) is
+    below top_p of the row's mass. The nucleus (the smallest top set whose mass reaches top_p of the row's,
+    ties kept: `dense_top_p_threshold`'s) is exactly the tokens for which that holds.
+
+    y: [R, V] float32; w: [R, V] float32 = exp(y), where min-p may have zeroed tokens below a drawn one (every
+    token above it passes min-p); drawn: [R] int64; top_p: [R]; total: [R] float64, the row's mass before
+    min-p. Returns [R] bool; no host sync."""
+    level = y.gather(1, drawn.unsqueeze(1))
+    above = torch.where(y > level, w, 0.0).sum(-1, dtype=torch.float64)
+    return above < top_p.double() * total
 
 
 def draw_among_posinf(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

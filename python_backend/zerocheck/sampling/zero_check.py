@@ -7,8 +7,13 @@ Per batch (flags decided once, rows grouped by the work they need, never looped 
 3. top-k rows: the exact top (k_max + 1) candidates by a group-max prefilter (no full sort), then
    temperature, top-p and min-p on that small sorted set, then an exponential race over it;
 4. other rows: y = (x - max) / T and w = exp(y) in one pass each; min-p is the threshold
-   y >= log(min_p); top-p is an exact radix-select on probability mass (`dense_top_p_threshold`);
-   the draw is a two-stage exponential race (groups, then members of the winning group).
+   y >= log(min_p); the draw is a two-stage exponential race (groups, then members of the winning
+   group). With top-p that draw is a proposal (rejection sampling): it is kept when it lies in the
+   nucleus (`ops.in_nucleus`: the mass above it is below top_p of the row's), which happens with
+   probability >= top_p, and a kept proposal is then distributed exactly as the nucleus; otherwise the
+   nucleus is found by an exact radix-select on probability mass (`dense_top_p_threshold`) and a
+   second race, with noise independent of the first, draws from it. Either way P(token) is w_token
+   over the nucleus's mass.
 The race is argmax(log w - log E), E ~ Exp(1) from counter-based noise keyed by (seed, step, token).
 """
 from __future__ import annotations
@@ -198,13 +203,26 @@ class ZeroCheckSampler:
         w = torch.exp(y, out=self._workspace.get("w", xs.shape, xs.dtype, xs.device))
         lower = torch.log(batch.min_p[idx])
         top_p = batch.top_p[idx]
-        if bool((top_p < 1.0).any()):
-            tau = ops.dense_top_p_threshold(y, w, top_p, self._workspace)
-            lower = torch.maximum(lower, torch.where(top_p < 1.0, tau, -math.inf))
+        nucleus = bool((top_p < 1.0).any())
+        total = w.sum(-1, dtype=torch.float64) if nucleus else None  # the top-p mass is taken before min-p
         if bool((lower > -math.inf).any()):
             w.masked_fill_(y < lower.unsqueeze(1), 0.0)
-        drawn = ops.race_draw_dense(y, w, batch.keys[idx])
+        keys = batch.keys[idx]
+        drawn = ops.race_draw_dense(y, w, keys)
+        if nucleus:  # top-p: the draw is a proposal, kept when it lies in the nucleus
+            retry = ((top_p < 1.0) & ~ops.in_nucleus(y, w, drawn, top_p, total)).nonzero().flatten()
+            if len(retry):
+                drawn[retry] = self._draw_nucleus(y[retry], lower[retry], top_p[retry], keys[retry])
         _put(tokens, row_max, rows, drawn, top)
+
+    def _draw_nucleus(self, y: torch.Tensor, lower: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor
+                      ) -> torch.Tensor:
+        """The second race of top-p rows whose proposal fell outside the nucleus: over the nucleus itself
+        (`ops.dense_top_p_threshold`) and min-p, with noise independent of the proposal's. y: [R, V]."""
+        w = torch.exp(y)
+        lower = torch.maximum(lower, ops.dense_top_p_threshold(y, w, top_p, self._workspace))
+        w.masked_fill_(y < lower.unsqueeze(1), 0.0)
+        return ops.race_draw_dense(y, w, keys, ops.TOP_P_RETRY_SALT)
 
 
 def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
