@@ -8,7 +8,10 @@ vs a memory-bound floor.
 For every (V, B, logits kind, parameter mix) it times one call of `checked_sample`,
 `zero_check_sample` (eager torch), the runner the server uses (`make_sampler`: the compiled CPU
 kernel on CPU, CUDA graphs on GPU) and the floor `logits.amax(dim=-1)` (one read of the logits),
-each call on logits just written (as a decoder step leaves them), interleaved round-robin so machine noise hits all alike (under the server's OpenMP settings), and prints the medians and the ratios
+each call on logits just written after a read of FLUSH_BYTES of other memory (as a decoder step leaves the
+caches: its weights read, then its logits written), the floor's calls included, so every contender starts from
+the same cache state whatever ran before it; interleaved round-robin so machine noise hits all alike (under the
+server's OpenMP settings), and prints the medians and the ratios
 checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case).
 No assertion on timings: the ratios are the result.
 """
@@ -38,6 +41,10 @@ from zerocheck.sampling.cuda_graph import make_sampler  # noqa: E402
 HISTORY_TOKENS = 256
 BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every third round only
 FLOOR_CALLS = 3  # the floor is cheap and noisy: several timed calls per round
+# read before every timed call (twice this machine's 32 MB L3): without it each call found the caches as the call
+# before it left them, so the floor, timed after itself, read warm logits where the runner, timed after the eager
+# path's 16 MB scratch passes, did not (at 32 x 128256: floor 0.12-0.19 ms that way, 0.24-0.29 flushed)
+FLUSH_BYTES = 64 << 20
 
 MIXES: dict[str, tuple[SamplingParams, bool]] = {  # name -> (params of every row, needs a history)
     "greedy": (SamplingParams(temperature=0.0), False),
@@ -84,10 +91,15 @@ def bench_case(logits: torch.Tensor, params: list[SamplingParams], history: list
                repeats: int, device: torch.device, runner, thin_checked: bool = True) -> dict[str, float]:
     """Median seconds per call of each contender, calls interleaved round-robin. Before every timed call
     the logits are written anew from a copy (untimed), as a decoder step writes them before the sampler
-    reads them: every contender, the floor included, starts from the same cache and thread state.
-    thin_checked: on big calls, time the slow checked chain every third round only."""
+    reads them, after FLUSH_BYTES of other memory are read: every contender, the floor included, starts from the
+    same cache and thread state. thin_checked: on big calls, time the slow checked chain every third round only."""
     source = logits.clone()
-    fresh = lambda: logits.copy_(source)  # noqa: E731
+    flush = torch.ones(FLUSH_BYTES // 4, device=logits.device)
+
+    def fresh() -> None:
+        flush.sum()
+        logits.copy_(source)
+
     calls = {
         "floor": lambda: logits.amax(dim=-1),
         "zero_check": lambda: zero_check_sample(logits, params, history),
