@@ -12,7 +12,8 @@ each call on logits just written after a read of FLUSH_BYTES of other memory (as
 caches: its weights read, then its logits written), the floor's calls included, so every contender starts from
 the same cache state whatever ran before it; interleaved round-robin so machine noise hits all alike (under the
 server's OpenMP settings), and prints the medians and the ratios
-checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case).
+checked / zero-check, eager / runner and runner / floor. Rows are unseeded (the common serving case); histories
+are `TokenHistory` objects, as the server's decoder keeps them.
 No assertion on timings: the ratios are the result.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch  # noqa: E402
 
 from zerocheck.sampling import SamplingParams, checked_sample, zero_check_sample  # noqa: E402
 from zerocheck.sampling.cuda_graph import make_sampler  # noqa: E402
+from zerocheck.sampling.history import TokenHistory  # noqa: E402
 
 HISTORY_TOKENS = 256
 BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every third round only
@@ -129,7 +131,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     for vocab in args.vocab:
         for batch in args.batch:
             runner = make_sampler(vocab, batch, device)
-            history = [torch.randint(0, vocab, (HISTORY_TOKENS,), generator=gen).tolist() for _ in range(batch)]
+            history = [TokenHistory(torch.randint(0, vocab, (HISTORY_TOKENS,), generator=gen).tolist())
+                       for _ in range(batch)]  # as the server's decoder keeps them
             for kind, make in LOGITS.items():
                 logits = make(batch, vocab, gen).to(device)
                 for mix, (params, needs_history) in MIXES.items():

@@ -384,3 +384,24 @@ def test_a_drawn_token_is_in_the_nucleus_exactly_when_the_threshold_keeps_it() -
     floor = ys.gather(1, drawn.unsqueeze(1))  # min-p cut just at the drawn token: every token above it passes
     masked = ws.masked_fill(ys < floor, 0.0)
     assert torch.equal(ops.in_nucleus(ys, masked, drawn, top_p[rows], w.sum(-1, dtype=torch.float64)[rows]), held)
+
+
+def test_a_token_history_keeps_its_distinct_ids_and_counts_as_it_grows() -> None:
+    """`TokenHistory.counted()`: the distinct ids in first-seen order and their counts, equal to a recount after
+    single ids, runs of ids and growth past its first arrays; a plain list is counted alike."""
+    from collections import Counter
+
+    from zerocheck.sampling.history import TokenHistory, counted
+
+    rng = np.random.default_rng(4)
+    history, seen = TokenHistory([5, 5, 9]), [5, 5, 9]
+    for step in range(300):
+        new = [int(t) for t in rng.integers(0, 400, 1 if step % 3 else 7)]
+        history.extend(new)
+        seen += new
+    ids, counts = history.counted()
+    expected = Counter(seen)
+    assert ids.tolist() == list(expected) and counts.tolist() == [float(c) for c in expected.values()]
+    assert len(ids) > 64 and list(history) == seen and history[-3:] == seen[-3:]
+    plain_ids, plain_counts = counted(seen)
+    assert plain_ids.tolist() == ids.tolist() and plain_counts.tolist() == counts.tolist()

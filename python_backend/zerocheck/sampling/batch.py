@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .history import TokenHistory, counts_of
+from .history import TokenHistory, counted
 from .noise import row_keys
 from .params import SamplingParamError, SamplingParams
 
@@ -191,17 +190,17 @@ def _check_ids(row: int, ids: Sequence[int], vocab_size: int, what: str) -> None
 
 def _sparse_penalties(params: Sequence[SamplingParams], penalised: list[int], history: Sequence[Sequence[int]] | None,
                       vocab_size: int, device: torch.device | str) -> SparsePenalties | None:
-    """Penalised rows' (row, token) pairs from their histories' counts: O(distinct ids) per step with a
-    TokenHistory (kept up to date as it grows: no re-count, no sort of the whole history). The pairs go
-    through numpy (`np.fromiter`), not `torch.tensor` of Python lists (4x slower at 32 rows x 256 ids)."""
+    """Penalised rows' (row, token) pairs from their histories' counts: with a TokenHistory (kept up to date as
+    it grows: no re-count, no sort of the whole history) one array concatenation for all rows. The pairs stay in
+    numpy, not Python objects (at 32 rows x 256 ids: `np.fromiter` over counters 0.4 ms, `torch.tensor` of lists
+    4x that)."""
     rows = [b for b in penalised if len(history[b])] if history is not None else []
     if not rows:
         return None
-    counted = [counts_of(history[b]) for b in rows]
-    sizes = np.array([len(counts) for counts in counted])
-    pairs = int(sizes.sum())
-    tokens = np.fromiter(chain.from_iterable(counted), dtype=np.int64, count=pairs)
-    counts = np.fromiter(chain.from_iterable(c.values() for c in counted), dtype=np.float32, count=pairs)
+    per_row = [counted(history[b]) for b in rows]
+    sizes = np.array([len(ids) for ids, _ in per_row])
+    tokens = np.concatenate([ids for ids, _ in per_row])
+    counts = np.concatenate([row_counts for _, row_counts in per_row])
     pair_rows = np.repeat(np.array(rows, dtype=np.int64), sizes)
     unchecked = np.repeat([not isinstance(history[b], TokenHistory) for b in rows], sizes)  # a TokenHistory
     bad = unchecked & ((tokens < 0) | (tokens >= vocab_size))                        # holds checked ids
