@@ -76,6 +76,17 @@ def _bucket(y):
     return np.int32(min(max(y * _BUCKET_SCALE, _F(0.0)), _F(HIST_BUCKETS - 1)))
 
 
+def _group_exp_parts(row, start, n, top, inv_t, lower, w, bits):
+    """`exp_parts` of y = (row - top) * inv_t for the n tokens from start: w[i] * 2**k (bits[i] holds 2**k's
+    float32 bits) is exp(y), w[i] = 0 at or below EXP_FLOOR and below lower. Vectorises; the caller multiplies
+    by bits.view(float32) in its own loop, with its sums (a separate pass over w: 41 -> 51 us a row)."""
+    for i in range(n):
+        y = (row[start + i] - top) * inv_t
+        z = y if y > EXP_FLOOR else EXP_FLOOR
+        p, bits[i] = exp_parts(z)
+        w[i] = p if y > EXP_FLOOR and y >= lower else _F(0.0)
+
+
 def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only, weights):
     """mass[g] = the float32 sum of w = exp(y) over group g's tokens with y >= lower, y = (row - top) *
     inv_t (w = 0 below EXP_FLOOR); groups whose maximum is below lower, and when `only` (bool per
@@ -96,11 +107,7 @@ def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only, weights):
             continue
         start = g * GROUP
         n = min(GROUP, vocab - start)
-        for i in range(n):
-            y = (row[start + i] - top) * inv_t
-            z = y if y > EXP_FLOOR else EXP_FLOOR
-            p, bits[i] = exp_parts(z)
-            w[i] = p if y > EXP_FLOOR and y >= lower else _F(0.0)
+        _group_exp_parts(row, start, n, top, inv_t, lower, w, bits)
         total = _F(0.0)
         for i in range(n):
             w[i] *= scale[i]
@@ -356,11 +363,7 @@ def _nucleus_masses(row, gmax, top, inv_t, level):
             continue
         start = g * GROUP
         n = min(GROUP, vocab - start)
-        for i in range(n):
-            y = (row[start + i] - top) * inv_t
-            z = y if y > EXP_FLOOR else EXP_FLOOR
-            p, bits[i] = exp_parts(z)
-            w[i] = p if y > EXP_FLOOR else _F(0.0)
+        _group_exp_parts(row, start, n, top, inv_t, _F(-np.inf), w, bits)
         group_total, group_above = _F(0.0), _F(0.0)
         for i in range(n):
             w[i] *= scale[i]
@@ -461,6 +464,8 @@ if numba is not None:
     _mix32 = numba.njit(inline="always", cache=True)(_mix32)
     _noise_word = numba.njit(inline="always", cache=True)(_noise_word)
     _exp_noise = numba.njit(inline="always", cache=True)(_exp_noise)
+    _group_exp_parts = numba.njit(inline="always", cache=True, fastmath={"reassoc", "nsz", "contract"})(
+        _group_exp_parts)
     _group_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_group_masses)
     _stored_masses = numba.njit(cache=True, fastmath={"reassoc", "nsz", "contract"})(_stored_masses)
     _bucket = numba.njit(inline="always", cache=True)(_bucket)
