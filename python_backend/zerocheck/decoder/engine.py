@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
 from zerocheck.decoder.packed import PackedTransformer, int4_supported, packing_available
 from zerocheck.decoder.prefix_cache import PrefixCache
+from zerocheck.decoder.threads import ThreadShare, set_forward_threads
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
@@ -161,14 +163,16 @@ class _Logits:
 class DecoderEngine:
     def __init__(self, config: DecoderConfig, step_fn: StepFunction | PackedTransformer, pool: KVCachePool,
                  backend: str, dtype: str = "fp32", fail_token: int = -1, device: str = "cpu",
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, threads: ThreadShare | None = None) -> None:
         """`step_fn`: a `StepFunction` (caches gathered per step), or a `PackedTransformer` (the pool in place).
-        `prefix_cache`: first steps reuse the keys and values of cached prompts that open alike."""
+        `prefix_cache`: first steps reuse the keys and values of cached prompts that open alike. `threads`: sets
+        the CPU forwards' thread count from the machine's load (`zerocheck.decoder.threads`)."""
         self.config, self.pool, self.backend, self.dtype, self.device = config, pool, backend, dtype, device
         self.vocab_size: int = config.vocab_size
         self._step_fn = step_fn
         self.fail_token = fail_token
         self.prefix_cache = prefix_cache
+        self.threads = threads
 
     def step(self, requests: Sequence[StepRequest]) -> StepResult:
         """Run the rows of one batched step; a row's failure is its own (see `_run`). Single-token
@@ -192,7 +196,8 @@ class DecoderEngine:
         logits = _Logits(len(requests), self.vocab_size, self.device)
         for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
             if group:
-                self._run(group, logits, errors)
+                with self.threads.forward() if self.threads is not None else nullcontext():
+                    self._run(group, logits, errors)
         if self.prefix_cache is not None:
             for row in rows:
                 if row.start and errors[row.index] is None:
@@ -389,5 +394,9 @@ def load_decoder(
                        dtype=TORCH_DTYPES[dtype], device=device)
     prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
     reuse = f"; prefix cache of {prefix_cache_tokens} tokens" if prefix_cache else ""
+    threads = None
+    if backend == "torch" and device == "cpu" and torch.get_num_threads() > 1:
+        threads = ThreadShare(torch.get_num_threads(), set_forward_threads)
+        kernels += f", {threads.max_threads} threads while the machine's other processes leave the cores"
     print(f"decoder ({backend}, {dtype}, {device}, {kernels}): {pool.describe()}{reuse}")
-    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device, prefix_cache)
+    return DecoderEngine(config, step_fn, pool, backend, dtype, fail_token, device, prefix_cache, threads)

@@ -1,0 +1,134 @@
+"""How many threads the decoder's CPU forward uses, chosen again as the rest of the machine's load changes.
+
+The decoder's OpenMP threads spin between parallel regions (the decoder's `omp_spin_count`): on cores it has
+to itself that keeps a 32-row step near 70 ms instead of 80. But when another process holds one of the cores,
+a team of spinning threads waits a scheduler time slice at every barrier for its descheduled member, and a
+forward holds ~150 of them. Measured on this project's 2-core machine: a batch-8 step 20 ms alone, 54-250 ms
+beside one busy-looping process (37-44 ms with the spin cut to 300-1000, 32 with none, which doubles the
+one-row step when the cores are free: 6.6 -> 12.2 ms); served under AIPerf (its timing process keeps one core
+busy) the time per output token went from 38 to 929 ms. A team of one has no barrier to wait at.
+
+`ThreadShare` wraps each forward. Every `window_s` seconds (at a forward's start) it samples the machine's
+CPU time (/proc/stat) and this process's; over a window the decoder spent at least BUSY_SHARE of in forwards
+(so what the others used, they used while it ran: not while it waited, say for the checked chain's models
+between its steps), it gives the forwards the cores the other processes left: `max_threads` while they keep
+less than half a core busy beyond the ones in use, one thread fewer for each further core (dropping once
+they reach 0.75, rising again under 0.5: the band keeps it from flapping). It sets torch's intra-op threads
+and numba's (the compiled kernels'), and logs each change. Where /proc/stat cannot be read (not Linux), the
+count stays as loaded, logged once.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+log = logging.getLogger("zerocheck")
+
+WINDOW_S = 0.5  # the shortest span between two samples
+BUSY_SHARE = 0.7  # the share of a window spent in forwards for it to count
+DROP_AT, RISE_UNDER = 0.75, 0.5  # cores kept busy by other processes, above the ones a thread count leaves
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds at one moment: the machine's busy time over every core, this process's own, and the wall
+    clock."""
+
+    busy: float
+    own: float
+    wall: float
+
+
+def read_sample(stat_path: str = "/proc/stat") -> CpuSample | None:
+    """The machine's busy CPU time from /proc/stat's first line (user nice system idle iowait irq softirq steal, in
+    clock ticks: all but idle and iowait) and this process's from `time.process_time`; None where the file
+    cannot be read."""
+    try:
+        with open(stat_path, "rb") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != b"cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(value) for value in fields[1:9])
+    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    return CpuSample(busy=busy, own=time.process_time(), wall=time.monotonic())
+
+
+def others_busy(before: CpuSample, after: CpuSample) -> float:
+    """Cores kept busy by other processes between two samples: the machine's busy CPU seconds less this
+    process's, over the wall seconds between them (0 or more)."""
+    wall = after.wall - before.wall
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)
+
+
+def wanted_threads(current: int, others: float, cores: int, max_threads: int) -> int:
+    """The thread count for `others` cores busy elsewhere: fewer once they reach DROP_AT past a whole core,
+    more again once under RISE_UNDER (see the module docstring); between, `current`."""
+    drop = min(max_threads, cores - math.floor(others + 1 - DROP_AT))
+    rise = min(max_threads, cores - math.floor(others + 1 - RISE_UNDER))
+    if drop < current:
+        return max(1, drop)
+    if rise > current:
+        return max(1, rise)
+    return current
+
+
+class ThreadShare:
+    """`with share.forward(): ...` around each forward; `apply(n)` sets the forwards' thread count."""
+
+    def __init__(self, max_threads: int, apply: Callable[[int], None], cores: int | None = None,
+                 read: Callable[[], CpuSample | None] = read_sample, window_s: float = WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_threads = self.threads = max_threads
+        self.cores = cores or os.cpu_count() or max_threads
+        self._apply, self._read, self._window_s, self._clock = apply, read, window_s, clock
+        self._last = read()
+        self._forward_s = 0.0  # spent in forwards since the last sample
+        if self._last is None:
+            log.warning("decoder: /proc/stat is unreadable: its %d threads stay as loaded whatever else runs",
+                        max_threads)
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        start = self._clock()
+        if self._last is not None and start - self._last.wall >= self._window_s:
+            self._close_window()
+        try:
+            yield
+        finally:
+            self._forward_s += self._clock() - start
+
+    def _close_window(self) -> None:
+        sample = self._read()
+        if sample is None:
+            return
+        last, self._last = self._last, sample
+        busy, self._forward_s = self._forward_s, 0.0
+        if busy < BUSY_SHARE * (sample.wall - last.wall):
+            return
+        others = others_busy(last, sample)
+        threads = wanted_threads(self.threads, others, self.cores, self.max_threads)
+        if threads != self.threads:
+            log.warning("decoder: other processes keep %.2f of %d cores busy: forward threads %d -> %d",
+                        others, self.cores, self.threads, threads)
+            self._apply(threads)
+            self.threads = threads
+
+
+def set_forward_threads(threads: int) -> None:
+    """torch's intra-op threads and numba's (when installed) for the forwards that follow."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from zerocheck.jit import numba
+
+    if numba is not None:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
