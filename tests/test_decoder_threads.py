@@ -102,6 +102,19 @@ def test_without_proc_stat_the_threads_stay_as_loaded() -> None:
     assert share.threads == 2 and applied == []
 
 
+def test_a_stat_file_that_becomes_unreadable_stops_the_sampling() -> None:
+    machine, reads = _Machine(), []
+
+    def read() -> CpuSample | None:
+        reads.append(machine.now)
+        return machine.read() if len(reads) == 1 else None
+
+    share = ThreadShare(2, lambda threads: None, cores=2, read=read, window_s=0.5, clock=machine.clock)
+    for _ in range(40):
+        machine.run(share, 0.05, others=1.0)
+    assert len(reads) == 2 and share.threads == 2  # the load's read, one failed window, then none
+
+
 @pytest.mark.skipif(read_sample() is None, reason="no /proc/stat")
 def test_a_busy_process_beside_the_decoder_takes_a_thread_from_it() -> None:
     """The real /proc/stat: a busy-looping process beside 'forwards' that keep this process on one core makes the

@@ -108,7 +108,9 @@ class ThreadShare:
 
     def _close_window(self) -> None:
         sample = self._read()
-        if sample is None:
+        if sample is None:  # no longer readable: stop sampling (each forward would try again)
+            log.warning("decoder: /proc/stat became unreadable: its %d threads stay as they are", self.threads)
+            self._last = None
             return
         last, self._last = self._last, sample
         busy, self._forward_s = self._forward_s, 0.0
