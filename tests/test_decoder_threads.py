@@ -8,17 +8,20 @@ import time
 
 import pytest
 
-from zerocheck.decoder.threads import CpuSample, ThreadShare, others_busy, read_sample, wanted_threads
+from zerocheck.decoder.threads import CpuSample, ThreadShare, others_busy, read_sample, usable_cpus, wanted_threads
 
 
-def test_a_stat_line_gives_the_busy_seconds(tmp_path) -> None:
+def test_the_stat_lines_of_the_usable_cpus_give_the_busy_seconds(tmp_path) -> None:
     stat = tmp_path / "stat"
-    stat.write_text("cpu  100 20 30 4000 50 6 7 8 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
-    sample = read_sample(str(stat))
-    assert sample is not None and sample.busy == pytest.approx((100 + 20 + 30 + 6 + 7 + 8) / os.sysconf("SC_CLK_TCK"))
-    assert read_sample(str(tmp_path / "missing")) is None
-    stat.write_text("intr 1 2 3\n")
-    assert read_sample(str(stat)) is None
+    stat.write_text("cpu  999 0 0 0 0 0 0 0 0 0\ncpu0 100 20 30 4000 50 6 7 8 0 0\ncpu1 1 2 3 4 5 6 7 8 0 0\n"
+                    "cpu2 1000 0 0 0 0 0 0 0 0 0\nintr 1 2 3\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    sample = read_sample(frozenset({0, 1}), str(stat))
+    assert sample is not None and sample.busy == pytest.approx((171 + 27) / tick)  # not cpu2's, not the total
+    assert read_sample(frozenset({2}), str(stat)).busy == pytest.approx(1000 / tick)
+    assert read_sample(frozenset({5}), str(stat)) is None
+    assert read_sample(frozenset({0}), str(tmp_path / "missing")) is None
+    assert usable_cpus() and read_sample() is not None or not os.path.exists("/proc/stat")
 
 
 def test_others_are_the_machines_busy_seconds_less_this_processs_over_the_wall_seconds() -> None:

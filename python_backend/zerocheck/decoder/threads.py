@@ -8,8 +8,8 @@ beside one busy-looping process (37-44 ms with the spin cut to 300-1000, 32 with
 one-row step when the cores are free: 6.6 -> 12.2 ms); served under AIPerf (its timing process keeps one core
 busy) the time per output token went from 38 to 929 ms. A team of one has no barrier to wait at.
 
-`ThreadShare` wraps each forward. Every `window_s` seconds (at a forward's start) it samples the machine's
-CPU time (/proc/stat) and this process's; over a window the decoder spent at least BUSY_SHARE of in forwards
+`ThreadShare` wraps each forward. Every `window_s` seconds (at a forward's start) it samples the CPU time of
+the CPUs this process may run on (/proc/stat; its affinity: a container's cpuset) and this process's; over a window the decoder spent at least BUSY_SHARE of in forwards
 (so what the others used, they used while it ran: not while it waited, say for the checked chain's models
 between its steps), it gives the forwards the cores the other processes left: `max_threads` while they keep
 less than half a core busy beyond the ones in use, one thread fewer for each further core (dropping once
@@ -44,20 +44,37 @@ class CpuSample:
     wall: float
 
 
-def read_sample(stat_path: str = "/proc/stat") -> CpuSample | None:
-    """The machine's busy CPU time from /proc/stat's first line (user nice system idle iowait irq softirq steal, in
-    clock ticks: all but idle and iowait) and this process's from `time.process_time`; None where the file
-    cannot be read."""
+def usable_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity: a container's cpuset, `taskset`), else all."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def read_sample(cpus: frozenset[int] | None = None, stat_path: str = "/proc/stat") -> CpuSample | None:
+    """The busy CPU time of `cpus` (default: `usable_cpus()`) from /proc/stat's per-CPU lines (user nice system
+    idle iowait irq softirq steal, in clock ticks: all but idle and iowait; other CPUs of the host, another
+    container's, do not count) and this process's from `time.process_time`; None where the file cannot be read
+    or names none of them."""
+    cpus = usable_cpus() if cpus is None else cpus
     try:
         with open(stat_path, "rb") as stat:
-            fields = stat.readline().split()
+            lines = stat.read().splitlines()
     except OSError:
         return None
-    if len(fields) < 9 or fields[0] != b"cpu":
+    ticks, found = 0, False
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 9 or not fields[0].startswith(b"cpu") or not fields[0][3:].isdigit():
+            continue
+        if int(fields[0][3:]) in cpus:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(value) for value in fields[1:9])
+            ticks += user + nice + system + irq + softirq + steal
+            found = True
+    if not found:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(value) for value in fields[1:9])
-    busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    return CpuSample(busy=busy, own=time.process_time(), wall=time.monotonic())
+    return CpuSample(busy=ticks / os.sysconf("SC_CLK_TCK"), own=time.process_time(), wall=time.monotonic())
 
 
 def others_busy(before: CpuSample, after: CpuSample) -> float:
@@ -87,8 +104,9 @@ class ThreadShare:
     def __init__(self, max_threads: int, apply: Callable[[int], None], cores: int | None = None,
                  read: Callable[[], CpuSample | None] = read_sample, window_s: float = WINDOW_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """cores: how many CPUs `read` counts (default: `usable_cpus()`'s, which `read_sample` counts)."""
         self.max_threads = self.threads = max_threads
-        self.cores = cores or os.cpu_count() or max_threads
+        self.cores = cores or len(usable_cpus())
         self._apply, self._read, self._window_s, self._clock = apply, read, window_s, clock
         self._last = read()
         self._forward_s = 0.0  # spent in forwards since the last sample
