@@ -27,6 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import torch
+
+from zerocheck.jit import numba
+
 log = logging.getLogger("zerocheck")
 
 WINDOW_S = 0.5  # the shortest span between two samples
@@ -145,10 +149,6 @@ class ThreadShare:
 
 def set_forward_threads(threads: int) -> None:
     """torch's intra-op threads and numba's (when installed) for the forwards that follow."""
-    import torch
-
     torch.set_num_threads(threads)
-    from zerocheck.jit import numba
-
     if numba is not None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
