@@ -113,7 +113,7 @@ def test_entrypoint_builds_then_execs_tritonserver(tmp_path: Path):
                                 "--host=127.0.0.1", "--door-port=8000", "--triton-http-url=http://127.0.0.1:8080",
                                 f"--artifacts={tmp_path}/artifacts", "--max-body-bytes=2097152", "--port=9000"]
     for flag in ("--http-address=127.0.0.1", "--http-port=8080", "--grpc-port=8001", "--metrics-port=8002",
-                 "--grpc-header-forward-pattern=zerocheck.*",
+                 "--grpc-header-forward-pattern=zerocheck.*", "--metrics-config=summary_latencies=true",
                  "--http-restricted-api=model-repository,shared-memory,trace,logging:admin-key=<redacted-10-chars>",
                  "--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:admin-key=<redacted-10-chars>"):
         assert flag in exec_line.split()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +14,10 @@ from tritonclient.utils import np_to_triton_dtype
 
 import conftest
 from generate_calls import decode_result, grpc_generate, grpc_inputs, http_generate, slots_in_use, wait_slots_free
+from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.sampling.params import SamplingParams
 from zerocheck.tokenizer import load_tokenizer
+from zerocheck.wire.step import Registration, StepCall, release_arrays, step_arrays
 
 EXPECTED_MODELS = {"preprocessing", "decoder", "zero_check_sampler", "penalties", "softmax", "top_k_top_p",
                    "multinomial", "checked_sampler", "postprocessing", "zero_check_step", "checked_step",
@@ -236,6 +240,33 @@ def step_inputs(rows: dict) -> list:
     return inputs
 
 
+def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_factory, tmp_path):
+    """A release-only decoder request (what generate sends for a cancelled sequence) that the dynamic batcher
+    merges with a step is answered before that step's forward, not after it: the freed slot is acknowledged
+    without waiting. The decoder's test_delay_ms makes every forward take 1.5 s; the step and the release
+    queue together behind a first step."""
+    server = server_factory(conftest.copied_repository(tmp_path, decoder={"test_delay_ms": "1500"}))
+    done: dict[str, tuple[float, object]] = {}
+    start = lambda seq_id: step_arrays([StepCall(seq_id, [5, 6, 7], True, False,  # noqa: E731
+                                                 Registration(SamplingParams()), SamplerPath.ZERO_CHECK, False)])
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        def send(name: str, rows: dict) -> None:
+            client.async_infer("decoder", step_inputs(rows), outputs=[grpcclient.InferRequestedOutput("error")],
+                               callback=lambda result, error: done.setdefault(name, (time.monotonic(), error)))
+        send("first", start("held"))
+        time.sleep(0.5)  # the first step's forward is running: the next two queue and go in one execute
+        send("step", start("other"))
+        send("release", release_arrays(["held"]))
+        deadline = time.monotonic() + 30
+        while len(done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
+        stats = requests.get(f"http://{server.http_url}/v2/models/decoder/stats", timeout=10).json()
+        assert stats["model_stats"][0]["execution_count"] == 2  # the step and the release went in one execute
+        assert done["step"][0] - done["release"][0] > 1.0  # the release did not wait for the step's 1.5 s forward
+        client.infer("decoder", step_inputs(start("held")))  # its slot was freed: it starts again
+
+
 @pytest.mark.parametrize("model", ["zero_check_step", "checked_step"])
 def test_a_step_request_carries_many_sequences_and_rows_fail_alone(triton_server, model):
     """What generate sends each iteration: one request, a row per sequence (prompts padded with -1).
@@ -292,3 +323,12 @@ def test_the_decoder_says_what_it_runs_with(triton_server):
     text = requests.get(f"http://{triton_server.metrics_url}/metrics", timeout=10).text
     (line,) = [line for line in text.splitlines() if line.startswith("zerocheck_decoder_info{")]
     assert 'device="cpu"' in line and 'backend="' in line and 'dtype="' in line and line.endswith(" 1"), line
+
+
+def test_triton_exports_latency_quantiles_per_model(triton_server):
+    """`zerocheck serve` turns on Triton's latency summaries: p50-p99 of each model's queue and compute times
+    beside the totals (benchmarks/soak.py reads the decoder's p99 execute)."""
+    grpc_generate(triton_server.grpc_url, {"text_input": PROMPT, "max_tokens": 2})
+    text = requests.get(f"http://{triton_server.metrics_url}/metrics", timeout=10).text
+    for name in ("nv_inference_queue_summary_us", "nv_inference_compute_infer_summary_us"):
+        assert re.search(rf'^{name}{{[^}}]*model="decoder"[^}}]*quantile="0.99"[^}}]*}} \d', text, re.M), name

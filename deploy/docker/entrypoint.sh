@@ -121,6 +121,7 @@ args=(
     "--grpc-address=${TRITON_GRPC_ADDRESS:-0.0.0.0}" "--grpc-port=${TRITON_GRPC_PORT:-8001}"
     "--metrics-address=${TRITON_METRICS_ADDRESS:-0.0.0.0}" "--metrics-port=${TRITON_METRICS_PORT:-8002}"
     "--grpc-header-forward-pattern=zerocheck.*"
+    "--metrics-config=summary_latencies=true"
 )
 restricted=${ZEROCHECK_RESTRICTED_APIS:-model-repository,shared-memory,trace,logging}
 if [[ $restricted != none ]]; then

@@ -16,6 +16,8 @@ from zerocheck.wire.sampling import SAMPLER_INPUTS
 from zerocheck.wire.step import DECODER_INPUTS, parse_step, row_errors
 
 INPUTS = frozenset(spec.name for spec in DECODER_INPUTS)
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SENT = object()  # a request already answered through its response sender
 EXPORTS = tuple(spec.name for spec in SAMPLER_INPUTS)
 
 
@@ -82,8 +84,10 @@ class TritonPythonModel:
         self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        """Every request answered. Release-only requests batched with steps (the dynamic batcher merges what
+        arrives while a forward runs) are answered first, through their response senders, before the others'
+        forward: a freed slot is acknowledged without waiting for that forward (`generate`'s
+        zerocheck_cancelled_slot_free_seconds); the others then go through their senders too."""
         responses, parsed, indices = [None] * len(requests), [], []
         for i, request in enumerate(requests):
             try:
@@ -91,6 +95,28 @@ class TritonPythonModel:
                 indices.append(i)
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
+        releases = [k for k, rows in enumerate(parsed) if rows.release_only]
+        if not releases or len(releases) == len(parsed):
+            for i, response in zip(indices, self._answer(parsed)):
+                responses[i] = response
+            self._flush_metrics()
+            return responses
+        for k, response in zip(releases, self._answer([parsed[k] for k in releases])):
+            requests[indices[k]].get_response_sender().send(response, flags=FINAL)
+            responses[indices[k]] = SENT
+        steps = [k for k, rows in enumerate(parsed) if not rows.release_only]
+        for k, response in zip(steps, self._answer([parsed[k] for k in steps])):
+            responses[indices[k]] = response
+        for request, response in zip(requests, responses):
+            if response is not SENT:
+                request.get_response_sender().send(response, flags=FINAL)
+        self._flush_metrics()
+        return None
+
+    def _answer(self, parsed: list) -> list:
+        """The service run on these requests: a response each (a step that fails as a whole fails each)."""
+        if self.delay_s and not all(rows.release_only for rows in parsed):
+            time.sleep(self.delay_s)
         cache = self.service.engine.prefix_cache
         before = (self.service.forward_s, self.service.sample_s, cache.reused_tokens if cache is not None else 0,
                   self.service.forwards)
@@ -98,13 +124,14 @@ class TritonPythonModel:
             answers = self.service.run(parsed) if parsed else []
         except Exception as error:  # not a row's fault: every request of the step gets it
             answers = [error] * len(parsed)
-        for i, answer in zip(indices, answers):
-            responses[i] = error_response(pb_utils, answer) if isinstance(answer, Exception) else respond(answer)
         self.metrics.increment(self.stage_seconds["forward"], self.service.forward_s - before[0])
         self.metrics.increment(self.stage_seconds["sample"], self.service.sample_s - before[1])
         self.metrics.increment(self.steps, self.service.forwards - before[3])
         if cache is not None:
             self.metrics.increment(self.reused_tokens, cache.reused_tokens - before[2])
+        return [error_response(pb_utils, answer) if isinstance(answer, Exception) else respond(answer)
+                for answer in answers]
+
+    def _flush_metrics(self) -> None:
         self.metrics.set(self.kv_slots, self.service.engine.pool.in_use)
         self.metrics.flush()
-        return responses

@@ -50,6 +50,11 @@ class StepRows:
     want_logits: bool = True
     exports: tuple[str, ...] = ()
 
+    @property
+    def release_only(self) -> bool:
+        """Whether the request only frees slots (every row ends with no tokens): no forward, nothing sampled."""
+        return bool(self.steps) and all(row.end and not row.tokens for row in self.steps)
+
     def __post_init__(self) -> None:
         if any(row.steps > 1 for row in self.steps) and (self.want_logits or self.exports or not self.want_token):
             raise InvalidRequest("decode_steps > 1 needs the fused sampler: ask for output_id / output_ids and "

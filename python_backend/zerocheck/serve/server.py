@@ -168,6 +168,8 @@ class TritonServer:
             "--exit-on-error=true",
             "--exit-timeout-secs=10",
             f"--grpc-header-forward-pattern={HEADER_FORWARD_PATTERN}",
+            # per-model latency quantiles (p50 to p99 of queue, compute and request time) beside the totals
+            "--metrics-config=summary_latencies=true",
         ]
         for name, port in self.ports.items():
             args += [f"--{name}-address={self._address_of(name)}", f"--{name}-port={port}"]

@@ -118,7 +118,7 @@ class DecoderParameters:
     omp_spin_count: int  # GOMP_SPINCOUNT of the decoder's process (`zerocheck.triton.openmp`); 0: the server's
     metrics_interval_s: float
     test_fail_token: int = -1  # test-only: a forward whose tokens hold it raises
-    test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
+    test_delay_ms: float = 0.0  # test-only: a slow forward: each execute that steps sleeps this long first
 
     def __post_init__(self) -> None:
         _at_least(1, max_slots=self.max_slots)
