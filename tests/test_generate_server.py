@@ -243,8 +243,8 @@ def step_inputs(rows: dict) -> list:
 def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_factory, tmp_path):
     """A release-only decoder request (what generate sends for a cancelled sequence) that the dynamic batcher
     merges with a step is answered before that step's forward, not after it: the freed slot is acknowledged
-    without waiting. The decoder's test_delay_ms makes every forward take 1.5 s; the step and the release
-    queue together behind a first step."""
+    without waiting (unless that step holds the released sequence). The decoder's test_delay_ms makes every
+    forward take 1.5 s; the step and the release queue together behind a first step."""
     server = server_factory(conftest.copied_repository(tmp_path, decoder={"test_delay_ms": "1500"}))
     done: dict[str, tuple[float, object]] = {}
     start = lambda seq_id: step_arrays([StepCall(seq_id, [5, 6, 7], True, False,  # noqa: E731
@@ -265,6 +265,18 @@ def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_fac
         assert stats["model_stats"][0]["execution_count"] == 2  # the step and the release went in one execute
         assert done["step"][0] - done["release"][0] > 1.0  # the release did not wait for the step's 1.5 s forward
         client.infer("decoder", step_inputs(start("held")))  # its slot was freed: it starts again
+
+        # a release of a sequence that a step in the same execute starts keeps its place: after that step
+        done.clear()
+        send("first", start("blocker"))
+        time.sleep(0.5)
+        send("step", start("again"))
+        send("release", release_arrays(["again"]))
+        deadline = time.monotonic() + 30
+        while len(done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
+        client.infer("decoder", step_inputs(start("again")))  # started, then freed: it starts again
 
 
 @pytest.mark.parametrize("model", ["zero_check_step", "checked_step"])

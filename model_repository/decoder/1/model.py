@@ -95,7 +95,11 @@ class TritonPythonModel:
                 indices.append(i)
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
-        releases = [k for k, rows in enumerate(parsed) if rows.release_only]
+        stepped = {row.seq_id for rows in parsed if not rows.release_only for row in rows.steps}
+        # a release of a sequence that a step of this execute touches keeps its place among the steps
+        releases = [k for k, rows in enumerate(parsed)
+                    if rows.release_only and not any(row.seq_id in stepped for row in rows.steps)]
+        early = set(releases)
         if not releases or len(releases) == len(parsed):
             for i, response in zip(indices, self._answer(parsed)):
                 responses[i] = response
@@ -104,7 +108,7 @@ class TritonPythonModel:
         for k, response in zip(releases, self._answer([parsed[k] for k in releases])):
             requests[indices[k]].get_response_sender().send(response, flags=FINAL)
             responses[indices[k]] = SENT
-        steps = [k for k, rows in enumerate(parsed) if not rows.release_only]
+        steps = [k for k in range(len(parsed)) if k not in early]
         for k, response in zip(steps, self._answer([parsed[k] for k in steps])):
             responses[indices[k]] = response
         for request, response in zip(requests, responses):
