@@ -14,11 +14,13 @@ OpenAI ones disconnect mid-stream. Every request ends one way:
   failed    anything else (an error after admission, a broken stream, a wrong answer)
 Then: KV slots in use after the load (must be 0), RSS of server, stubs and front end at the end
 against its value once warm (must be within +10 %), and the time from a cancellation being seen to its
-slot freed (the server's `zerocheck_cancelled_slot_free_seconds`; a cancellation is seen at the start of
-its path's next decode step): within the decoder's step in progress, i.e. p99 at most the decoder's p99
-execute (Triton's compute summary) + 50 ms. The decoder runs one execute at a time, so a release waits
-for the one in progress (either sampler path's) and is answered before the forward of the execute it
-joins. Prints a summary, writes benchmarks/results/soak.json; exit 1 when a check fails.
+slot freed (the server's `zerocheck_cancelled_slot_free_seconds`): within a decode step, p99 at most the
+p99 time per output token. A cancellation is seen at the start of its path's next iteration, whose
+release goes to the decoder just ahead of that iteration's step and is answered before the step's forward
+when the two share an execute: the slot is free by the time that step returns. The decoder runs one
+execute at a time, so the release waits for the one in progress (the decoder's p99 execute, Triton's
+latency summary, is reported beside it). Prints a summary, writes benchmarks/results/soak.json; exit 1
+when a check fails.
 """
 from __future__ import annotations
 
@@ -279,7 +281,7 @@ def main() -> int:
         "failures": failures[:20], "slots_in_use_after": slots, "server_alive": alive,
         "rss_warm_mib": warm_rss / 2**20, "rss_end_mib": end_rss / 2**20, "rss_growth": end_rss / warm_rss - 1,
         "cancelled_slot_free_p99_s": quantile(freed, 0.99), "cancelled_slot_free_count": freed[-1][1] if freed else 0,
-        "tpot_p50_s": quantile(tpot, 0.5),
+        "tpot_p50_s": quantile(tpot, 0.5), "tpot_p99_s": quantile(tpot, 0.99),
         "cancelled_slot_free_buckets": freed, "decoder_execute_p99_s": decoder_execute_p99_s(text),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,9 +289,8 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     checks = {"no admitted request failed": totals["failed"] == 0, "the server is alive": alive,
               "every KV slot is free": slots == 0, "RSS within +10 % of warm": result["rss_growth"] <= 0.10,
-              # from seeing a cancellation to its slot freed: the decoder's execute in progress (its p99) + 50 ms
-              "cancelled slots freed within the decoder's step in progress + 50 ms (p99)":
-                  share_above(freed, result["decoder_execute_p99_s"] + 0.05) <= 0.01}
+              # from seeing a cancellation to its slot freed: within a decode step (the p99 time per output token)
+              "cancelled slots freed within a decode step (p99)": share_above(freed, result["tpot_p99_s"]) <= 0.01}
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {name}")
     return 0 if all(checks.values()) else 1
