@@ -276,6 +276,8 @@ def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_fac
         while len(done) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
+        stats = requests.get(f"http://{server.http_url}/v2/models/decoder/stats", timeout=10).json()
+        assert stats["model_stats"][0]["execution_count"] == 5  # ... and again the step and the release in one
         client.infer("decoder", step_inputs(start("again")))  # started, then freed: it starts again
 
 

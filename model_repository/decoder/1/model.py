@@ -4,6 +4,7 @@ sampling state, and the zero-check sampler fused after the forward for requests 
 A request of one row that fails is answered with its error; in a request of several rows each failed
 row carries its error in `error` (see zerocheck.wire.step) and the other rows succeed.
 """
+import logging
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -15,9 +16,9 @@ from zerocheck.triton.tensors import error_response
 from zerocheck.wire.sampling import SAMPLER_INPUTS
 from zerocheck.wire.step import DECODER_INPUTS, parse_step, row_errors
 
+log = logging.getLogger("zerocheck")
 INPUTS = frozenset(spec.name for spec in DECODER_INPUTS)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-SENT = object()  # a request already answered through its response sender
 EXPORTS = tuple(spec.name for spec in SAMPLER_INPUTS)
 
 
@@ -84,10 +85,12 @@ class TritonPythonModel:
         self.metrics = DeferredMetrics(params.metrics_interval_s)
 
     def execute(self, requests):
-        """Every request answered. Release-only requests batched with steps (the dynamic batcher merges what
-        arrives while a forward runs) are answered first, through their response senders, before the others'
-        forward: a freed slot is acknowledged without waiting for that forward (`generate`'s
-        zerocheck_cancelled_slot_free_seconds); the others then go through their senders too."""
+        """Every request answered, once. Release-only requests that the dynamic batcher merged with steps
+        (it merges what arrives while a forward runs) are answered first, through their response senders,
+        before the steps' forward: a freed slot is acknowledged without waiting for that forward (`generate`'s
+        zerocheck_cancelled_slot_free_seconds); the others then go through their senders too. A release of a
+        sequence that a step of the same execute touches keeps its place among the steps. Without such
+        releases (or with releases only) the responses are returned as a list."""
         responses, parsed, indices = [None] * len(requests), [], []
         for i, request in enumerate(requests):
             try:
@@ -96,24 +99,29 @@ class TritonPythonModel:
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
         stepped = {row.seq_id for rows in parsed if not rows.release_only for row in rows.steps}
-        # a release of a sequence that a step of this execute touches keeps its place among the steps
-        releases = [k for k, rows in enumerate(parsed)
-                    if rows.release_only and not any(row.seq_id in stepped for row in rows.steps)]
-        early = set(releases)
-        if not releases or len(releases) == len(parsed):
-            for i, response in zip(indices, self._answer(parsed)):
+        early = [k for k, rows in enumerate(parsed)
+                 if rows.release_only and not any(row.seq_id in stepped for row in rows.steps)]
+        if not early or len(early) == len(parsed):
+            for i, response in zip(indices, self._answer(parsed), strict=True):
                 responses[i] = response
             self._flush_metrics()
             return responses
-        for k, response in zip(releases, self._answer([parsed[k] for k in releases])):
-            requests[indices[k]].get_response_sender().send(response, flags=FINAL)
-            responses[indices[k]] = SENT
-        steps = [k for k in range(len(parsed)) if k not in early]
-        for k, response in zip(steps, self._answer([parsed[k] for k in steps])):
-            responses[indices[k]] = response
-        for request, response in zip(requests, responses):
-            if response is not SENT:
-                request.get_response_sender().send(response, flags=FINAL)
+        sent = set()
+        try:
+            for k, response in zip(early, self._answer([parsed[k] for k in early]), strict=True):
+                requests[indices[k]].get_response_sender().send(response, flags=FINAL)
+                sent.add(indices[k])
+            rest = [k for k in range(len(parsed)) if k not in set(early)]
+            for k, response in zip(rest, self._answer([parsed[k] for k in rest]), strict=True):
+                responses[indices[k]] = response
+        except Exception as error:  # once a response went through a sender, nothing may escape execute
+            responses = [error_response(pb_utils, error) for _ in requests]
+        for i, (request, response) in enumerate(zip(requests, responses)):
+            if i not in sent:
+                try:
+                    request.get_response_sender().send(response, flags=FINAL)
+                except Exception as error:  # the request is gone (its caller's side); the others still get theirs
+                    log.error("decoder: answering request %d of %d failed: %s", i, len(requests), error)
         self._flush_metrics()
         return None
 

@@ -52,7 +52,7 @@ class StepRows:
 
     @property
     def release_only(self) -> bool:
-        """Whether the request only frees slots (every row ends with no tokens): no forward, nothing sampled."""
+        """Whether the request only frees slots (every row ends with no tokens): no row computed or sampled."""
         return bool(self.steps) and all(row.end and not row.tokens for row in self.steps)
 
     def __post_init__(self) -> None:
