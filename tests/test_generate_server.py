@@ -246,38 +246,37 @@ def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_fac
     without waiting (unless that step holds the released sequence). The decoder's test_delay_ms makes every
     forward take 1.5 s; the step and the release queue together behind a first step."""
     server = server_factory(conftest.copied_repository(tmp_path, decoder={"test_delay_ms": "1500"}))
-    done: dict[str, tuple[float, object]] = {}
     start = lambda seq_id: step_arrays([StepCall(seq_id, [5, 6, 7], True, False,  # noqa: E731
                                                  Registration(SamplingParams()), SamplerPath.ZERO_CHECK, False)])
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        def send(name: str, rows: dict) -> None:
-            client.async_infer("decoder", step_inputs(rows), outputs=[grpcclient.InferRequestedOutput("error")],
-                               callback=lambda result, error: done.setdefault(name, (time.monotonic(), error)))
-        send("first", start("held"))
-        time.sleep(0.5)  # the first step's forward is running: the next two queue and go in one execute
-        send("step", start("other"))
-        send("release", release_arrays(["held"]))
-        deadline = time.monotonic() + 30
-        while len(done) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
-        stats = requests.get(f"http://{server.http_url}/v2/models/decoder/stats", timeout=10).json()
-        assert stats["model_stats"][0]["execution_count"] == 2  # the step and the release went in one execute
-        assert done["step"][0] - done["release"][0] > 1.0  # the release did not wait for the step's 1.5 s forward
-        client.infer("decoder", step_inputs(start("held")))  # its slot was freed: it starts again
+        def behind_a_forward(stepped: str, released: str) -> dict[str, float]:
+            """A first step, then while its forward runs a step of `stepped` and a release of `released`, which
+            must share one execute: when each of the three was answered."""
+            done: dict[str, tuple[float, object]] = {}
+            executions = requests.get(f"http://{server.http_url}/v2/models/decoder/stats",
+                                      timeout=10).json()["model_stats"][0]["execution_count"]
+            for name, rows in (("first", start(f"before-{stepped}")), ("step", start(stepped)),
+                               ("release", release_arrays([released]))):
+                def answered(result, error, name: str = name) -> None:
+                    done.setdefault(name, (time.monotonic(), error))
+                client.async_infer("decoder", step_inputs(rows), outputs=[grpcclient.InferRequestedOutput("error")],
+                                   callback=answered)
+                if name == "first":
+                    time.sleep(0.5)  # its forward is running: the next two queue and go in one execute
+            deadline = time.monotonic() + 30
+            while len(done) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
+            stats = requests.get(f"http://{server.http_url}/v2/models/decoder/stats", timeout=10).json()
+            assert stats["model_stats"][0]["execution_count"] == executions + 2  # the step and the release in one
+            return {name: at for name, (at, _) in done.items()}
 
+        client.infer("decoder", step_inputs(start("held")))
+        answered = behind_a_forward("other", "held")
+        assert answered["step"] - answered["release"] > 1.0  # the release did not wait for the step's 1.5 s forward
+        client.infer("decoder", step_inputs(start("held")))  # its slot was freed: it starts again
         # a release of a sequence that a step in the same execute starts keeps its place: after that step
-        done.clear()
-        send("first", start("blocker"))
-        time.sleep(0.5)
-        send("step", start("again"))
-        send("release", release_arrays(["again"]))
-        deadline = time.monotonic() + 30
-        while len(done) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert {name: error for name, (_, error) in done.items()} == {"first": None, "step": None, "release": None}
-        stats = requests.get(f"http://{server.http_url}/v2/models/decoder/stats", timeout=10).json()
-        assert stats["model_stats"][0]["execution_count"] == 5  # ... and again the step and the release in one
+        behind_a_forward("again", "again")
         client.infer("decoder", step_inputs(start("again")))  # started, then freed: it starts again
 
 
