@@ -99,8 +99,9 @@ class TritonPythonModel:
             except Exception as error:  # a malformed request fails alone
                 responses[i] = error_response(pb_utils, error)
         stepped = {row.seq_id for rows in parsed if not rows.release_only for row in rows.steps}
-        early = [k for k, rows in enumerate(parsed)
-                 if rows.release_only and not any(row.seq_id in stepped for row in rows.steps)]
+        early, rest = [], []
+        for k, rows in enumerate(parsed):
+            (early if rows.release_only and not any(row.seq_id in stepped for row in rows.steps) else rest).append(k)
         if not early or len(early) == len(parsed):
             for i, response in zip(indices, self._answer(parsed), strict=True):
                 responses[i] = response
@@ -111,7 +112,6 @@ class TritonPythonModel:
             for k, response in zip(early, self._answer([parsed[k] for k in early]), strict=True):
                 requests[indices[k]].get_response_sender().send(response, flags=FINAL)
                 sent.add(indices[k])
-            rest = [k for k in range(len(parsed)) if k not in set(early)]
             for k, response in zip(rest, self._answer([parsed[k] for k in rest]), strict=True):
                 responses[indices[k]] = response
         except Exception as error:  # once a response went through a sender, nothing may escape execute

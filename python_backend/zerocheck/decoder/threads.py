@@ -9,11 +9,12 @@ one-row step when the cores are free: 6.6 -> 12.2 ms); served under AIPerf (its 
 busy) the time per output token went from 38 to 929 ms. A team of one has no barrier to wait at.
 
 `ThreadShare` wraps each forward. Every `window_s` seconds (at a forward's start) it samples the CPU time of
-the CPUs this process may run on (/proc/stat; its affinity: a container's cpuset) and this process's; over a window the decoder spent at least BUSY_SHARE of in forwards
-(so what the others used, they used while it ran: not while it waited, say for the checked chain's models
-between its steps), it gives the forwards the cores the other processes left: `max_threads` while they keep
-less than half a core busy beyond the ones in use, one thread fewer for each further core (dropping once
-they reach 0.75, rising again under 0.5: the band keeps it from flapping). It sets torch's intra-op threads
+the CPUs this process may run on (/proc/stat; its affinity: a container's cpuset) and this process's; over a
+window in which the decoder spent at least BUSY_SHARE of the time in forwards (so what the others used, they
+used while it ran: not while it waited, say for the checked chain's models between its steps), it gives the
+forwards the cores the other processes left: `max_threads` while they keep less than half a core busy beyond
+the ones in use, one thread fewer for each further core (dropping once they reach 0.75, rising again under
+0.5: the band keeps it from flapping). It sets torch's intra-op threads
 and numba's (the compiled kernels'), and logs each change. Where /proc/stat cannot be read (not Linux), the
 count stays as loaded, logged once.
 """
