@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python_backend"))
+from zerocheck import paths
 from zerocheck.serve.stack import ServingStack  # noqa: E402
 
 AIPERF = "aiperf==0.13.0"
@@ -104,14 +104,14 @@ def run_locust(stack: ServingStack, artifacts: Path, out: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--requests", type=int, default=48, help="AIPerf's request count")
     parser.add_argument("--tolerance", type=float, default=0.15)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "aiperf")
     args = parser.parse_args()
     artifacts = args.artifacts.resolve()
     aiperf_binary()
-    stack = ServingStack(ROOT / "model_repository", env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
+    stack = ServingStack(paths.model_repository(), env={"ZEROCHECK_ARTIFACTS": str(artifacts)})
     stack.start()
     try:
         stack.wait_ready(600)

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from zerocheck import paths
 from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
 from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags, variant_options
 from zerocheck.serve.binary import THREAD_ENVIRONMENT
@@ -115,7 +116,7 @@ def sampler_share(artifacts: Path, variant: str, batches: list[int], steps: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=REPO_ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--artifacts-128k", type=Path, default=REPO_ROOT / "artifacts-128k")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--steps", type=int, default=20)

@@ -31,7 +31,7 @@ import psutil
 import tritonclient.grpc.aio as aiogrpc
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python_backend"))
+from zerocheck import paths
 from zerocheck.bench.e2e import sized_repository  # noqa: E402
 from zerocheck.clients.aio_grpc_transport import stream_chunks  # noqa: E402
 from zerocheck.clients.request import GenerateRequest  # noqa: E402
@@ -149,7 +149,7 @@ def forward_quantiles(stack: ServingStack) -> dict[str, dict[str, float]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)

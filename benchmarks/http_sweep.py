@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python_backend"))
+from zerocheck import paths
 from zerocheck.frontend.limits import HttpLimits  # noqa: E402
 from zerocheck.serve.server import TritonServer  # noqa: E402
 from zerocheck.serve.stack import ServingStack  # noqa: E402
@@ -159,7 +159,7 @@ def http_status(method: str, server: TritonServer, path: str) -> str:
 def start(direct: bool, artifacts: Path) -> TritonServer:
     kind = TritonServer if direct else ServingStack
     extra = {} if direct else {"limits": LIMITS, "openai": False}
-    server = kind(ROOT / "model_repository", env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, **extra)
+    server = kind(paths.model_repository(), env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, **extra)
     server.start()
     server.wait_ready(600)
     return server

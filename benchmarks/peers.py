@@ -32,6 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from zerocheck import paths
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["Write a short story about a robot.", "Explain how a CPU works.", "Describe the ocean.",
              "Give me ten tips for learning Python.", "What happened in the French Revolution?",
@@ -156,7 +158,7 @@ def chart(results: dict, streams: list[int], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from zerocheck import paths
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.engine import variant_options
 from zerocheck.tokenizer import load_tokenizer
@@ -73,7 +74,7 @@ def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--variants", nargs="+",
                         default=["torch:bf16", "torch:bf16+int4", "torch:bf16+int4+int8head", "onnxruntime:int8"],

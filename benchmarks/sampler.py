@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
-from zerocheck.serve.binary import THREAD_ENVIRONMENT  # noqa: E402
+from zerocheck.serve.binary import THREAD_ENVIRONMENT
 
 for _name, _value in THREAD_ENVIRONMENT.items():  # the server's OpenMP settings, before torch starts its threads
     os.environ.setdefault(_name, _value)

@@ -41,7 +41,7 @@ import psutil
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python_backend"))
+from zerocheck import paths
 from zerocheck.api.errors import ErrorCode  # noqa: E402
 from zerocheck.clients import Client as GenerateClient  # noqa: E402
 from zerocheck.clients.errors import ZerocheckError  # noqa: E402
@@ -241,10 +241,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
+    parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.json")
     args = parser.parse_args()
-    stack = ServingStack(ROOT / "model_repository", env={"ZEROCHECK_ARTIFACTS": str(args.artifacts.resolve())})
+    stack = ServingStack(paths.model_repository(), env={"ZEROCHECK_ARTIFACTS": str(args.artifacts.resolve())})
     stack.start()
     outcomes: Counter = Counter()
     failures: list[str] = []

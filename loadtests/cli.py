@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerocheck import paths
 from zerocheck.loadtests.client_textfile import write_client_latency
 from zerocheck.loadtests.profiles import ProfileError, bundled_profiles, load_profile, profile_path
 from zerocheck.loadtests.request_log import read_request_log
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-source", default="synthetic", help="synthetic or file[:PATH]")
     parser.add_argument("--artifacts", type=Path, default=None,
                         help="artifacts with the tokenizer (prompts; also served with --serve); "
-                             "default: $ZEROCHECK_ARTIFACTS or <repo>/artifacts")
+                             "default: `zerocheck paths artifacts`")
     parser.add_argument("--serve", action="store_true", help="start a tritonserver on free loopback ports first")
     parser.add_argument("--master", action="store_true", help="run Locust as a master with --workers processes")
     parser.add_argument("--workers", type=int, default=2, help="worker processes with --master")
@@ -77,12 +77,10 @@ def served(args: argparse.Namespace, targets: Targets) -> Iterator[Targets]:
     if not args.serve:
         yield targets
         return
-    from zerocheck.serve.cli import default_model_repository
     from zerocheck.serve.stack import ServingStack
 
-    repository = default_model_repository()
-    artifacts = args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts")
-    server = ServingStack(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts.resolve())})
+    artifacts = args.artifacts or paths.artifacts_dir()
+    server = ServingStack(paths.model_repository(), env={paths.ARTIFACTS_ENV: str(artifacts.resolve())})
     print(f"starting tritonserver and the front end (log: {server.log_path}) ...", flush=True)
     server.start()
     try:

@@ -3,11 +3,11 @@ the bundled `prompts.txt` when no tokenizer is available. Lengths are drawn from
 from __future__ import annotations
 
 import math
-import os
 import random
 from pathlib import Path
 from typing import Protocol
 
+from zerocheck import paths
 from zerocheck.loadtests.profiles import LengthDistribution
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parent / "prompts.txt"
@@ -74,19 +74,12 @@ class FilePrompts:
         return text[: tokens * CHARS_PER_TOKEN]
 
 
-def artifacts_dir() -> Path:
-    """$ZEROCHECK_ARTIFACTS, else artifacts/ beside the model repository (what `zerocheck serve` serves)."""
-    from zerocheck import REPO_ROOT
-
-    return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or REPO_ROOT / "artifacts")
-
-
 def load_prompt_source(source: str = "synthetic", artifacts: Path | None = None) -> PromptSource:
     """`synthetic` (tokenizer vocabulary; falls back to the bundled file without a tokenizer) or `file[:PATH]`."""
     if source.startswith("file"):
         _, _, path = source.partition(":")
         return FilePrompts.from_file(Path(path) if path else BUNDLED_PROMPTS)
     try:
-        return SyntheticPrompts.from_tokenizer(artifacts or artifacts_dir())
+        return SyntheticPrompts.from_tokenizer(artifacts or paths.artifacts_dir())
     except (FileNotFoundError, ImportError):
         return FilePrompts.from_file()

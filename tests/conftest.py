@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from zerocheck.paths import packaged_model_repository
 from zerocheck.serve import TritonServer, TritonServerNotFound, find_tritonserver
 from zerocheck.serve.repository import copy_repository
 from zerocheck.serve.stack import ServingStack
@@ -64,11 +65,11 @@ def tritonserver_binary() -> Path:
 
 
 def serving_stack(tritonserver_binary: Path, artifacts: Path,
-                  repository: Path = REPO_ROOT / "model_repository") -> Iterator[ServingStack]:
-    """`zerocheck serve` over `repository` with ZEROCHECK_ARTIFACTS=artifacts (HTTP through the front end's
+                  repository: Path | None = None) -> Iterator[ServingStack]:
+    """`zerocheck serve` over `repository` (default: the packaged one) with ZEROCHECK_ARTIFACTS=artifacts (HTTP through the front end's
     door, the OpenAI API beside, gRPC and metrics, admin APIs locked), on free loopback ports, READY (every
     model) until the generator is closed."""
-    server = ServingStack(repository, tritonserver=tritonserver_binary,
+    server = ServingStack(repository or packaged_model_repository(), tritonserver=tritonserver_binary,
                           env={"ZEROCHECK_ARTIFACTS": str(artifacts)}, restricted_api_key=ADMIN_KEY)
     server.start()
     try:

@@ -34,7 +34,7 @@ def test_defaults_match_the_issue() -> None:
     options = cli.options_of(args)
     assert options.source == "smollm2-135m-instruct" and options.max_seq_len == 1024
     assert args.onnx and not args.tensorrt and not args.tensorrt_llm and not args.force
-    assert args.out == REPO_ROOT / "artifacts"
+    assert args.out is None  # run() writes to zerocheck.paths.artifacts_dir()
     tiny = cli.options_of(parse("--tiny"))
     assert tiny.source == "tiny"
     assert (tiny.vocab_size, tiny.layers, tiny.hidden, tiny.heads, tiny.kv_heads) == (32000, 4, 256, 8, 2)

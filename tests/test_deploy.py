@@ -107,7 +107,7 @@ def test_entrypoint_builds_then_execs_tritonserver(tmp_path: Path):
                         TRITON_HTTP_ADDRESS="127.0.0.1", TRITON_MODEL_REPOSITORY="s3://bucket/models")
     assert result.returncode == 0, result.stderr
     build, exec_line, frontend = result.stdout.splitlines()
-    assert build == f"build: (cd {tmp_path} && python3 {tmp_path}/build_engines.py --out {tmp_path}/artifacts)"
+    assert build == f"build: zerocheck build --out {tmp_path}/artifacts"
     assert exec_line.startswith("exec: tritonserver --model-repository=s3://bucket/models ")
     assert frontend.split() == ["frontend:", "python3", "-m", "zerocheck.frontend", "--url=127.0.0.1:8001",
                                 "--host=127.0.0.1", "--door-port=8000", "--triton-http-url=http://127.0.0.1:8080",
@@ -134,7 +134,7 @@ def test_entrypoint_engine_choice_and_stamp(tmp_path: Path):
     gpu = entrypoint(tmp_path, ZEROCHECK_ENGINE="tensorrt-llm", ZEROCHECK_RESTRICTED_APIS="none",
                      ZEROCHECK_BUILD_ARGS="--max-batch 64")
     assert gpu.returncode == 0, gpu.stderr
-    assert f"build_engines.py --out {tmp_path}/artifacts --tensorrt-llm --max-batch 64)" in gpu.stdout
+    assert f"build: zerocheck build --out {tmp_path}/artifacts --tensorrt-llm --max-batch 64\n" in gpu.stdout
     assert "restricted" not in gpu.stdout
 
     (tmp_path / "artifacts").mkdir()
@@ -144,7 +144,7 @@ def test_entrypoint_engine_choice_and_stamp(tmp_path: Path):
 
     (tmp_path / "artifacts" / ".zerocheck-built-tensorrt-llm").write_text("NVIDIA A100\n")
     other_gpu = entrypoint(tmp_path, ZEROCHECK_ENGINE="tensorrt-llm")
-    assert "--tensorrt-llm --force)" in other_gpu.stdout
+    assert "--tensorrt-llm --force\n" in other_gpu.stdout
 
 
 def test_entrypoint_execs_other_commands(tmp_path: Path):

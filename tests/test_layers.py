@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python_backend" / "zerocheck"
-# package -> the packages it may import ("" is zerocheck itself: REPO_ROOT, __version__)
+# package -> the packages it may import ("" is zerocheck itself: paths, __version__)
 ALLOWED = {
     "jit": set(),  # numba and its threading layer, for every compiled kernel
     "tokenizer": set(),

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch  # noqa: F401  (loaded in this process: set_spin_count must refuse)
 
-from zerocheck import REPO_ROOT
+from zerocheck.paths import packaged_model_repository
 from zerocheck.triton.openmp import set_spin_count
 
 
@@ -26,7 +26,7 @@ def test_the_decoder_adapter_imports_without_torch_and_sets_the_count_before_it(
 import importlib.util, os, sys, types
 sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
 sys.modules["triton_python_backend_utils"].TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1  # read at import
-spec = importlib.util.spec_from_file_location("decoder_model", {str(REPO_ROOT / "model_repository/decoder/1/model.py")!r})
+spec = importlib.util.spec_from_file_location("decoder_model", {str(packaged_model_repository() / "decoder/1/model.py")!r})
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 assert "torch" not in sys.modules and "numba" not in sys.modules, "the adapter's imports loaded torch or numba"
 from zerocheck.triton.openmp import set_spin_count

@@ -2,17 +2,17 @@
 # zerocheck container entrypoint.
 #
 # 1. Builds the artifacts (tokenizer, decoder weights, ONNX) and the GPU engine with
-#    build_engines.py when they are missing or were built for another GPU model.
+#    `zerocheck build` when they are missing or were built for another GPU model.
 # 2. runs tritonserver (its HTTP endpoint on an internal loopback port) and zerocheck's front end: the
 #    guarded door to Triton's HTTP on the public HTTP port, and the OpenAI API; it exits when either
 #    exits (the orchestrator restarts the container) and passes SIGTERM/SIGINT on to both.
 #
 # Environment (defaults in brackets):
 #   ZEROCHECK_ENGINE       auto | tensorrt | tensorrt-llm | none   [auto: tensorrt-llm, else tensorrt, else none]
-#   ZEROCHECK_BUILD_ARGS   extra arguments for build_engines.py    []
-#   ZEROCHECK_SKIP_BUILD   1: never run build_engines.py           [0]
+#   ZEROCHECK_BUILD_ARGS   extra arguments for `zerocheck build`   []
+#   ZEROCHECK_SKIP_BUILD   1: never run `zerocheck build`          [0]
 #   ZEROCHECK_ARTIFACTS    artifact directory (build --out; read by the models) [$ZEROCHECK_HOME/artifacts]
-#   TRITON_MODEL_REPOSITORY  path or s3://, gs://, as:// URL       [$ZEROCHECK_HOME/model_repository]
+#   TRITON_MODEL_REPOSITORY  path or s3://, gs://, as:// URL       [the installed package's: `zerocheck paths`]
 #   TRITON_{HTTP,GRPC,METRICS}_{ADDRESS,PORT}                      [0.0.0.0, 8000/8001/8002]
 #                          (the HTTP address and port are the front end's door; Triton's own HTTP
 #                          endpoint binds 127.0.0.1:$ZEROCHECK_TRITON_HTTP_PORT)
@@ -28,7 +28,7 @@
 set -euo pipefail
 
 ZEROCHECK_HOME=${ZEROCHECK_HOME:-/opt/zerocheck}
-# The models read ZEROCHECK_ARTIFACTS; build_engines.py writes there (--out).
+# The models read ZEROCHECK_ARTIFACTS; `zerocheck build` writes there (--out).
 export ZEROCHECK_ARTIFACTS=${ZEROCHECK_ARTIFACTS:-$ZEROCHECK_HOME/artifacts}
 # model stubs share the cores: OpenMP threads that spin after each op take the CPU from the next model
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
@@ -78,13 +78,13 @@ build_artifacts() {
         log "artifacts present for engine=$engine on '${gpu:-cpu}' ($stamp): skipping build"
         return 0
     fi
-    # Built for another GPU model: rebuild even though build_engines.py finds its files up to date.
+    # Built for another GPU model: rebuild even though `zerocheck build` finds its files up to date.
     [[ -f $stamp ]] && flags+=(--force)
     # shellcheck disable=SC2206  # ZEROCHECK_BUILD_ARGS is a space-separated list
-    local cmd=(python3 "$ZEROCHECK_HOME/build_engines.py" "${flags[@]}" ${ZEROCHECK_BUILD_ARGS:-})
+    local cmd=(zerocheck build "${flags[@]}" ${ZEROCHECK_BUILD_ARGS:-})
     log "building artifacts: engine=$engine gpu='${gpu:-none}'"
     if [[ $DRY_RUN == 1 ]]; then
-        echo "build: (cd $ZEROCHECK_HOME && ${cmd[*]})"
+        echo "build: ${cmd[*]}"
         return 0
     fi
     mkdir -p "$ARTIFACTS"
@@ -92,7 +92,7 @@ build_artifacts() {
     (
         flock 9
         if [[ -f $stamp && $(<"$stamp") == "${gpu:-cpu}" ]]; then exit 0; fi
-        cd "$ZEROCHECK_HOME" && "${cmd[@]}"
+        "${cmd[@]}"
         echo "${gpu:-cpu}" >"$stamp"
     ) 9>"$ARTIFACTS/.build.lock"
 }
@@ -116,7 +116,7 @@ fi
 
 internal_http=${ZEROCHECK_TRITON_HTTP_PORT:-8080}
 args=(
-    "--model-repository=${TRITON_MODEL_REPOSITORY:-$ZEROCHECK_HOME/model_repository}"
+    "--model-repository=${TRITON_MODEL_REPOSITORY:-$(zerocheck paths model-repository)}"
     "--http-address=127.0.0.1" "--http-port=$internal_http"
     "--grpc-address=${TRITON_GRPC_ADDRESS:-0.0.0.0}" "--grpc-port=${TRITON_GRPC_PORT:-8001}"
     "--metrics-address=${TRITON_METRICS_ADDRESS:-0.0.0.0}" "--metrics-port=${TRITON_METRICS_PORT:-8002}"

@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from zerocheck import __version__
+
 # subcommand -> module exposing `add_arguments(parser)` and `run(args) -> int`
 SUBCOMMANDS = {
     "build": ("zerocheck.build.cli", "build the artifacts the model repository serves"),
@@ -15,12 +17,14 @@ SUBCOMMANDS = {
     "health": ("zerocheck.clients.cli_health", "check server and model readiness"),
     "load": ("zerocheck.loadtests.cli", "run a Locust load test against the server"),
     "bench": ("zerocheck.bench.cli", "end-to-end benchmark of both sampler paths"),
+    "paths": ("zerocheck.paths", "print where the model repository, artifacts, caches and logs are"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="zerocheck", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"zerocheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -7,12 +7,12 @@ import platform
 from pathlib import Path
 
 from zerocheck.bench.e2e import bench_vocab, ratios, table, write_results
-from zerocheck import REPO_ROOT
+from zerocheck import paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--artifacts", type=Path, nargs="+", default=[REPO_ROOT / "artifacts"],
-                        help="artifact sets, one server each (default: the served model, SmolLM2-135M-Instruct; "
+    parser.add_argument("--artifacts", type=Path, nargs="+", default=None,
+                        help="artifact sets, one server each (default: the served model's, `zerocheck paths artifacts`; "
                              "a 128K-vocabulary set: `build_engines.py --tiny --vocab-size 128256 --out artifacts-128k`)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="interleaved runs per path and level")
@@ -20,11 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.9)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=Path("zerocheck-bench"),
+                        help="where the JSON and the plot go (default: %(default)s in the current directory)")
 
 
 def run(args: argparse.Namespace) -> int:
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    args.artifacts = args.artifacts or [paths.artifacts_dir()]
     missing = [str(a) for a in args.artifacts if not (a / "manifest.json").is_file()]
     if missing:
         print(f"missing artifacts: {', '.join(missing)}; build them with build_engines.py (--out DIR)")

@@ -4,18 +4,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zerocheck import REPO_ROOT
+from zerocheck import paths
 from zerocheck.build.errors import BuildError
 from zerocheck.build.options import TINY_FIELDS, BuildOptions
 from zerocheck.build.pipeline import build_artifacts
 from zerocheck.build.sources import DEFAULT_MODEL, PACKAGED_MODELS, TINY_MODEL
 
-DEFAULT_OUT = REPO_ROOT / "artifacts"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BuildOptions()
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"artifact directory (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"artifact directory (default: $ZEROCHECK_ARTIFACTS, else {paths.artifacts_dir()})")
     source = parser.add_argument_group("model source (one of)").add_mutually_exclusive_group()
     source.add_argument("--model", choices=[*PACKAGED_MODELS, TINY_MODEL], default=DEFAULT_MODEL,
                         help="a model packaged in a PyPI wheel (default %(default)s: "
@@ -60,7 +59,9 @@ def options_of(args: argparse.Namespace) -> BuildOptions:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        build_artifacts(options_of(args), args.out, force=args.force)
+        out = args.out or paths.artifacts_dir()
+        print(f"artifacts: {out}", flush=True)
+        build_artifacts(options_of(args), out, force=args.force)
     except (BuildError, ValueError, FileNotFoundError) as error:
         print(f"build failed: {error}")
         return 1

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zerocheck import paths
+
 NGC_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 STUB_NAME = "triton_python_backend_stub"
 PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -52,12 +54,6 @@ def wheel_root_of(binary: Path) -> Path | None:
     return root if (root / "python_backend_stubs").is_dir() else None
 
 
-def backend_cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/zerocheck` (default `~/.cache/zerocheck`)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "zerocheck"
-
-
 def prepare_backend_dir(binary: Path) -> Path | None:
     """A `--backend-directory` whose python backend runs this interpreter's version, or None to keep Triton's.
 
@@ -73,7 +69,7 @@ def prepare_backend_dir(binary: Path) -> Path | None:
     if not stub.is_file():
         raise TritonServerNotFound(f"nvidia-pytriton ships no python backend stub for Python {PY_TAG}: {stub}")
     digest = hashlib.sha256((source / "libtriton_python.so").read_bytes() + stub.read_bytes()).hexdigest()[:12]
-    target = backend_cache_dir() / f"backends-{digest}-py{PY_TAG}"
+    target = paths.cache_dir() / f"backends-{digest}-py{PY_TAG}"
     if (target / "python" / STUB_NAME).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

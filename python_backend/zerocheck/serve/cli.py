@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import signal
 import sys
@@ -11,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import zerocheck
+from zerocheck import paths
 from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
 from zerocheck.frontend.cli import add_limit_arguments, limits_of
@@ -20,7 +19,6 @@ from zerocheck.serve.repository import GPU_MODELS, copy_repository
 from zerocheck.serve.server import RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
 
-REPO_ROOT = Path(zerocheck.__file__).resolve().parents[2]
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 # the demo samples at a low temperature: at the API's default of 1 this 135M model wanders off in about half of
 # its answers (its first token alone, fp32: "The" 0.55, "Paris" 0.13, then a long tail; 4 of 6 answers were off)
@@ -28,17 +26,12 @@ DEMO_TEMPERATURE, DEMO_TOP_P = 0.2, 0.9
 TRY_BODY = {"messages": json.dumps([{"role": "user", "content": "Write a haiku about the sea."}]), "max_tokens": 64}
 
 
-def default_model_repository() -> Path:
-    """$ZEROCHECK_MODEL_REPOSITORY, else the repo's `model_repository/`."""
-    return Path(os.environ.get("ZEROCHECK_MODEL_REPOSITORY") or REPO_ROOT / "model_repository")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path, default=None,
-                        help="default: $ZEROCHECK_MODEL_REPOSITORY or <repo>/model_repository")
+                        help="default: $ZEROCHECK_MODEL_REPOSITORY, else the one installed with the package")
     parser.add_argument("--artifacts", type=Path, default=None,
-                        help="artifacts the models load (default: $ZEROCHECK_ARTIFACTS or artifacts/ beside "
-                             "the repository)")
+                        help="artifacts the models load (default: $ZEROCHECK_ARTIFACTS, else "
+                             "~/.cache/zerocheck/artifacts: `zerocheck paths`)")
     parser.add_argument("--http-port", type=int, default=8000,
                         help="the public HTTP port: Triton's HTTP API through the guarded door (0 picks a free port)")
     parser.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port")
@@ -51,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help=f"require header '{API_KEY_HEADER}: KEY' for the {', '.join(RESTRICTED_APIS)} APIs "
                              f"(default: a random key, so they are never open)")
-    parser.add_argument("--log-file", type=Path, default=None, help="server log (default: a temp file)")
+    parser.add_argument("--log-file", type=Path, default=None, help="server log (default: a new file in ~/.local/state/zerocheck/logs: `zerocheck paths`)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for every model")
     parser.add_argument("--demo", action="store_true", help="stream one generation from `generate`, then exit")
     parser.add_argument("--no-build", action="store_true", help="do not build missing artifacts")
@@ -133,9 +126,8 @@ def place_on_gpus(instances: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    repository = (args.model_repository or default_model_repository()).resolve()
-    artifacts = (args.artifacts or Path(os.environ.get("ZEROCHECK_ARTIFACTS") or repository.parent / "artifacts"))
-    artifacts = artifacts.resolve()
+    repository = (args.model_repository or paths.model_repository()).resolve()
+    artifacts = (args.artifacts or paths.artifacts_dir()).resolve()
     if not repository.is_dir():
         print(f"no model repository at {repository}", file=sys.stderr)
         return 2
@@ -160,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
-        print(f"starting tritonserver on {repository} (log: {server.log_path}) ...", flush=True)
+        print(f"starting tritonserver on {repository} with artifacts {artifacts} (log: {server.log_path}) ...",
+              flush=True)
         server.wait_ready(args.ready_timeout)
         print_endpoints(server, bool(args.api_key))
         if args.demo:

@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from zerocheck import REPO_ROOT
+from zerocheck import paths
 
 
 GPU_MODELS = ("decoder", "zero_check_sampler")  # the models that run on a GPU when the machine has one
@@ -16,13 +16,13 @@ _CPU_INSTANCES = "instance_group [ { count: 1 kind: KIND_CPU } ]"
 
 
 def copy_repository(target: Path, parameters: Mapping[str, Mapping[str, str]] | None = None,
-                    source: Path = REPO_ROOT / "model_repository", gpu_models: tuple[str, ...] = ()) -> Path:
-    """`source` copied to `target` with `parameters` ({model: {key: value}}) set in that model's
+                    source: Path | None = None, gpu_models: tuple[str, ...] = ()) -> Path:
+    """`source` (default: the packaged model repository) copied to `target` with `parameters` ({model: {key: value}}) set in that model's
     config.pbtxt: a parameter the config has gets the new value, one it lacks is added (the test-only
     knobs the shipped configs never carry: `test_delay_ms`, `test_fail_token`); the `gpu_models` get a
     KIND_GPU instance group (one instance on each GPU Triton sees; the model then runs on the GPU its
     instance is given, `ModelConfig.instance_device`)."""
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(source or paths.packaged_model_repository(), target, ignore=shutil.ignore_patterns("__pycache__"))
     for model in gpu_models:
         config = target / model / "config.pbtxt"
         text = config.read_text()

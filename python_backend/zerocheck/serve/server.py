@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from zerocheck import paths
 from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
 from zerocheck.serve.binary import find_tritonserver, prepare_backend_dir, server_environment
 from zerocheck.serve.shm import live_stub_regions, remove_regions, server_processes
@@ -127,9 +128,10 @@ class TritonServer:
 
     @property
     def log_path(self) -> Path:
-        """File receiving the server's stdout and stderr (model `print`s and stub tracebacks included)."""
+        """File receiving the server's stdout and stderr (model `print`s and stub tracebacks included); by
+        default a new file in the log directory (`zerocheck paths logs`)."""
         if self._log_file is None:
-            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log", dir=paths.log_dir())
             os.close(fd)
             self._log_file = Path(name)
         return self._log_file

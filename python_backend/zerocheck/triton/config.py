@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, TypeVar
 
-from zerocheck import REPO_ROOT
+from zerocheck import paths
 from zerocheck.wire.step import MAX_DECODE_STEPS
 
 # read by ModelConfig itself, or by the Python backend: any model may set them
@@ -48,9 +48,9 @@ class ModelConfig:
         return f"cuda:{self.instance_device_id}"
 
     def artifacts_dir(self) -> Path:
-        """ZEROCHECK_ARTIFACTS, else the `artifacts` parameter, else artifacts/ beside the repository."""
-        return Path(os.environ.get("ZEROCHECK_ARTIFACTS") or self.parameters.get("artifacts")
-                    or REPO_ROOT / "artifacts")
+        """ZEROCHECK_ARTIFACTS, else the `artifacts` parameter, else the default (`zerocheck.paths`)."""
+        return Path(os.environ.get(paths.ARTIFACTS_ENV) or self.parameters.get("artifacts")
+                    or paths.artifacts_dir())
 
     def vocab_size(self) -> int:
         """The decoder's vocabulary size, from the built artifacts."""
