@@ -167,3 +167,19 @@ def test_tensorrt_llm_1x_is_refused_by_name() -> None:
     check_tensorrt_llm_version("0.20.0")
     with pytest.raises(BuildError, match="found TensorRT-LLM 1.0.0, where that API is gone: install tensorrt_llm<1"):
         check_tensorrt_llm_version("1.0.0")
+
+
+def test_a_gguf_is_the_same_source_wherever_it_lies(tmp_path: Path) -> None:
+    """The same model wheel installed in another venv needs no rebuild: a GGUF's identity is its name and bytes."""
+    from zerocheck.build import BuildOptions
+    from zerocheck.build.pipeline import source_fingerprint
+
+    copies = []
+    for folder in ("venv-a", "venv-b"):
+        (tmp_path / folder).mkdir()
+        copies.append(tmp_path / folder / "model.gguf")
+        copies[-1].write_bytes(b"GGUF" + bytes(range(256)))
+    first, second = (source_fingerprint(BuildOptions(gguf=str(path))) for path in copies)
+    assert first == second and first["gguf"] == "model.gguf"
+    copies[1].write_bytes(b"GGUF" + bytes(range(255)))
+    assert source_fingerprint(BuildOptions(gguf=str(copies[1]))) != first

@@ -92,10 +92,17 @@ def test_shell_scripts_parse_and_pass_shellcheck(script: Path):
 # --- entrypoint -------------------------------------------------------------------------------
 
 
+INSTALLED_REPOSITORY = "/site-packages/zerocheck/model_repository"  # what the fake `zerocheck paths` prints
+
+
 def entrypoint(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """Run the entrypoint in dry-run mode with ZEROCHECK_HOME in tmp_path and no GPU on PATH."""
+    """Run the entrypoint in dry-run mode with ZEROCHECK_HOME in tmp_path, no GPU on PATH and a `zerocheck`
+    that answers `zerocheck paths model-repository` only."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
+    zerocheck = fake_bin / "zerocheck"
+    zerocheck.write_text(f'#!/bin/sh\n[ "$*" = "paths model-repository" ] && echo {INSTALLED_REPOSITORY}\n')
+    zerocheck.chmod(0o755)
     base = {"ZEROCHECK_HOME": str(tmp_path), "ZEROCHECK_DRY_RUN": "1", "PATH": f"{fake_bin}:/usr/bin:/bin"}
     return run(["bash", str(DOCKER / "entrypoint.sh"), *args], env={**base, **env})
 
@@ -136,6 +143,7 @@ def test_entrypoint_engine_choice_and_stamp(tmp_path: Path):
     assert gpu.returncode == 0, gpu.stderr
     assert f"build: zerocheck build --out {tmp_path}/artifacts --tensorrt-llm --max-batch 64\n" in gpu.stdout
     assert "restricted" not in gpu.stdout
+    assert f"--model-repository={INSTALLED_REPOSITORY} " in gpu.stdout  # the installed package's by default
 
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / ".zerocheck-built-tensorrt-llm").write_text("NVIDIA H200\n")
@@ -278,6 +286,29 @@ def test_chart_pvc_and_queue_time(helm):
     assert not any(k.startswith("Secret/") for k in manifests)
     hpa = manifests["HorizontalPodAutoscaler/demo-zerocheck"]["spec"]
     assert hpa["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_queue_duration_us_per_request"
+
+
+def adapter_rules() -> list[dict]:
+    """The prometheus-adapter rules docs/scaling.md gives for the chart's HPA metrics."""
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    return yaml.safe_load(re.search(r"```yaml\n(- seriesQuery:.*?)```", text, re.S)[1])
+
+
+def test_the_hpa_metrics_come_from_series_a_real_server_exports(triton_server):
+    """Each metric the chart's HPA can scale on is one an adapter rule serves, and every series that rule reads
+    is on a real server's metrics endpoint (no API server or adapter runs here: they are not packaged)."""
+    import urllib.request
+
+    read = {}  # HPA metric name -> the series its rule reads
+    for rule in adapter_rules():
+        series = re.match(r"\w+", rule["seriesQuery"])[0]
+        query = rule["metricsQuery"].replace("<<.Series>>", series)
+        read[rule.get("name", {}).get("as", series)] = set(re.findall(r"\b([a-z_]+)\{", query))
+    with urllib.request.urlopen(f"http://{triton_server.metrics_url}/metrics", timeout=10) as response:
+        exported = set(re.findall(r"^([a-z_]+)[{ ]", response.read().decode(), re.M))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for metric in values["autoscaling"]["metrics"].values():
+        assert read[metric["name"]] and read[metric["name"]] <= exported, metric["name"]
 
 
 @pytest.mark.parametrize("values, message", [

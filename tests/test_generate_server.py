@@ -245,7 +245,8 @@ def test_a_release_batched_with_a_step_is_answered_before_its_forward(server_fac
     merges with a step is answered before that step's forward, not after it: the freed slot is acknowledged
     without waiting (unless that step holds the released sequence). The decoder's test_delay_ms makes every
     forward take 1.5 s; the step and the release queue together behind a first step."""
-    server = server_factory(conftest.copied_repository(tmp_path, decoder={"test_delay_ms": "1500"}))
+    server = server_factory(conftest.copied_repository(tmp_path, decoder={"test_delay_ms": "1500"}),
+                            env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
     start = lambda seq_id: step_arrays([StepCall(seq_id, [5, 6, 7], True, False,  # noqa: E731
                                                  Registration(SamplingParams()), SamplerPath.ZERO_CHECK, False)])
     with grpcclient.InferenceServerClient(server.grpc_url) as client:

