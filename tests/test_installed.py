@@ -328,6 +328,7 @@ def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(image_inst
     root, home, bin_dir, image_env, skipped = image_install.result(timeout=1800)
     assert skipped and all("useradd" in line for line in skipped)
     assert not (root / "opt/zerocheck/src").exists()  # the install step removes the sources it installed from
+    assert (root / "opt/zerocheck/loadtests/locustfile.py").is_file()  # what the chart's Locust pods run
 
     door, grpc, metrics, triton_http, openai_port = free_ports("127.0.0.1", 5)
     env = clean_env(home, shim, root / "usr/local/bin", bin_dir, **image_env)
