@@ -4,10 +4,14 @@
 """
 import argparse
 import sys
+from pathlib import Path
 
 from zerocheck.bench import cli
+
+RESULTS = Path(__file__).resolve().parent / "results"  # the checkout's results, beside the other benchmarks'
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_arguments(parser)
+    parser.set_defaults(out=RESULTS)
     sys.exit(cli.run(parser.parse_args()))
