@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=Path("zerocheck-bench"),
-                        help="where the JSON and the plot go (default: %(default)s in the current directory)")
+                        help="where the JSON and the plot go (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
