@@ -26,7 +26,7 @@ def add_locust_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--served-model", default="", help="model name for the OpenAI API (default: its first)")
     group.add_argument("--model", default="ensemble", help="decoupled generate model (ensemble or generate)")
     group.add_argument("--prompt-source", default="synthetic", help="synthetic (tokenizer vocabulary) or file[:PATH]")
-    group.add_argument("--artifacts", default="", help="artifacts with the tokenizer (default: $ZEROCHECK_ARTIFACTS)")
+    group.add_argument("--artifacts", default="", help="artifacts with the tokenizer (default: `zerocheck paths artifacts`)")
     group.add_argument("--request-log", default="", help="directory for per-request JSON lines (summary input)")
     group.add_argument("--request-timeout", type=float, default=120.0, help="seconds one request may take")
     group.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and paths")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from zerocheck.serve.stack import ServingStack
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVER_FIXTURES = {"tritonserver_binary", "triton_server", "real_server", "server_factory"}
 READY_TIMEOUT_S = 300.0
+DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "Dockerfile"
 ADMIN_KEY = "zerocheck-test-admin-key"  # the session servers lock the restricted APIs, as `zerocheck serve` does
 
 
@@ -34,8 +37,8 @@ def test_artifacts_dir() -> Path:
 
 
 def real_artifacts_dir() -> Path:
-    """The default model (SmolLM2-135M-Instruct from its wheel), built once into REPO_ROOT/artifacts
-    (the directory `zerocheck serve` and the demo use; idempotent, about 75 s the first time)."""
+    """The default model (SmolLM2-135M-Instruct from its wheel), built once into REPO_ROOT/artifacts (the tests'
+    own copy, beside the checkout; idempotent, about 100 s the first time)."""
     from zerocheck.build import BuildOptions, build_artifacts
 
     out = REPO_ROOT / "artifacts"
@@ -43,10 +46,28 @@ def real_artifacts_dir() -> Path:
     return out
 
 
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """deploy/docker/Dockerfile as (INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = DOCKERFILE.read_text()
+    text = re.sub(r"\\\n", " ", text)
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            pairs.append((word.upper(), rest.strip()))
+    return pairs
+
+
 def copied_repository(tmp_path: Path, **parameters: dict[str, str]) -> Path:
     """model_repository/ copied under tmp_path with string parameters set: {model: {key: value}} (tests
     inject their knobs this way; see zerocheck.serve.repository.copy_repository)."""
     return copy_repository(tmp_path / "model_repository", parameters)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Server logs of this run go to a temporary state directory, not the user's ~/.local/state/zerocheck."""
+    os.environ.setdefault("XDG_STATE_HOME", tempfile.mkdtemp(prefix="zerocheck-test-state-"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

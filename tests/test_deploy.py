@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import dockerfile_instructions
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "deploy" / "docker"
 CHART = ROOT / "deploy" / "helm" / "zerocheck"
@@ -33,19 +35,6 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 20) 
 
 
 # --- Dockerfile -------------------------------------------------------------------------------
-
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = (DOCKER / "Dockerfile").read_text()
-    text = re.sub(r"\\\n", " ", text)
-    pairs = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            pairs.append((word.upper(), rest.strip()))
-    return pairs
 
 
 def test_dockerfile_structure():

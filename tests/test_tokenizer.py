@@ -87,5 +87,5 @@ def test_copy_hf_tokenizer(tmp_path: Path, tokenizer_dir: Path) -> None:
 
 
 def test_missing_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="build_engines.py"):
+    with pytest.raises(FileNotFoundError, match="zerocheck build"):
         load_tokenizer(tmp_path)

@@ -13,7 +13,7 @@ from zerocheck import paths
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifacts", type=Path, nargs="+", default=None,
                         help="artifact sets, one server each (default: the served model's, `zerocheck paths artifacts`; "
-                             "a 128K-vocabulary set: `build_engines.py --tiny --vocab-size 128256 --out artifacts-128k`)")
+                             "a 128K-vocabulary set: `zerocheck build --tiny --vocab-size 128256 --out artifacts-128k`)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=2, help="interleaved runs per path and level")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     args.artifacts = args.artifacts or [paths.artifacts_dir()]
     missing = [str(a) for a in args.artifacts if not (a / "manifest.json").is_file()]
     if missing:
-        print(f"missing artifacts: {', '.join(missing)}; build them with build_engines.py (--out DIR)")
+        print(f"missing artifacts: {', '.join(missing)}; build them with `zerocheck build` (--out DIR)")
         return 2
     rows = []
     for artifacts in args.artifacts:

@@ -1,5 +1,5 @@
 """The step backends behind `DecoderEngine` (besides the packed CPU path): the torch module, its ONNX
-export in onnxruntime, or the TensorRT engine built from that export (`build_engines.py --tensorrt`).
+export in onnxruntime, or the TensorRT engine built from that export (`zerocheck build --tensorrt`).
 
 All are `StepFunction`s: (tokens [B,T] int64, positions [B,T] int64, attention_mask [B,T,P+T] bool,
 last_index [B] int64, past_keys [L,B,Hkv,P,D] f32, past_values) -> (logits [B,V] f32, new_keys
@@ -51,7 +51,7 @@ def onnxruntime_step(onnx_path: Path, num_threads: int | None = None) -> StepFun
 
 
 def tensorrt_step(plan_path: Path, device: str, max_rows: int, max_positions: int) -> StepFunction:
-    """The TensorRT engine `plan_path` (the ONNX step, built by `build_engines.py --tensorrt`) on CUDA `device`.
+    """The TensorRT engine `plan_path` (the ONNX step, built by `zerocheck build --tensorrt`) on CUDA `device`.
     Inputs move there in the engine's dtypes (TensorRT 8 turns int64 inputs into int32), outputs are
     allocated there at the shapes the engine infers from the inputs', and the engine runs on torch's current
     stream (no host sync). Refuses, naming the limit, an engine whose tensors are not the ONNX step's or
@@ -67,7 +67,7 @@ def tensorrt_step(plan_path: Path, device: str, max_rows: int, max_positions: in
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan_path.read_bytes())
     if engine is None:
         raise RuntimeError(f"TensorRT {trt.__version__} could not load {plan_path} (built by another TensorRT "
-                           "version or for another GPU? rebuild with build_engines.py --tensorrt)")
+                           "version or for another GPU? rebuild with zerocheck build --tensorrt)")
     names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
     if names != {*ONNX_INPUT_NAMES, *ONNX_OUTPUT_NAMES}:
         raise RuntimeError(f"{plan_path} has tensors {sorted(names)}, not the decoder step's "

@@ -64,13 +64,13 @@ def ensure_artifacts(artifacts: Path, build: bool) -> bool:
         from zerocheck.build import BuildError, BuildOptions, build_artifacts
     except ImportError as error:
         print(f"no artifacts in {artifacts} and zerocheck.build is unavailable ({error}):\n"
-              f"  run `python build_engines.py` first (or pass --artifacts DIR)", file=sys.stderr)
+              f"  run `zerocheck build` first (or pass --artifacts DIR)", file=sys.stderr)
         return False
     print(f"building artifacts into {artifacts} ...", flush=True)
     try:
         build_artifacts(BuildOptions(), artifacts)
     except BuildError as error:
-        print(f"building artifacts failed: {error}\n  run `python build_engines.py` to see why", file=sys.stderr)
+        print(f"building artifacts failed: {error}\n  run `zerocheck build` to see why", file=sys.stderr)
         return False
     return True
 

@@ -82,7 +82,7 @@ def load_tokenizer(artifacts_dir: str | Path) -> TextTokenizer:
     root = Path(artifacts_dir)
     model_dir = root / MODEL_SUBDIR if (root / MODEL_SUBDIR / "tokenizer.json").is_file() else root
     if not (model_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {root} or {root / MODEL_SUBDIR}: run build_engines.py")
+        raise FileNotFoundError(f"no tokenizer.json in {root} or {root / MODEL_SUBDIR}: run `zerocheck build`")
     config = _read_json(model_dir / "tokenizer_config.json")
     eos = _read_json(model_dir / "generation_config.json").get("eos_token_id")
     specials = {name: text for name in ("unk_token", "pad_token")
