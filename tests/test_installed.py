@@ -36,6 +36,7 @@ from conftest import dockerfile_instructions
 from zerocheck import __version__
 from zerocheck.serve.binary import find_tritonserver, prepare_backend_dir, server_environment
 from zerocheck.serve.server import free_ports
+from zerocheck.serve.shm import server_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 # the sources the wheel is built from (the Dockerfile copies the same into the image) and the package each holds
@@ -47,6 +48,7 @@ MODEL_REPOSITORY = ROOT / "model_repository"
 QUESTION = "What is the capital of France? Answer in one sentence."
 TINY_BUILD = "--tiny --vocab-size 600 --layers 1 --hidden 32 --heads 2 --kv-heads 1 --max-seq-len 256 --corpus-files 5"
 START_TIMEOUT_S = 300.0
+BUILD_LEFTOVERS = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")  # never copied from the checkout
 
 
 DROPPED = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONSAFEPATH"}
@@ -82,11 +84,10 @@ def fresh_venv(path: Path) -> Path:
 
 def copy_sources(target: Path) -> Path:
     """WHEEL_SOURCES copied to `target` (links kept as links; no caches, no build leftovers)."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in WHEEL_SOURCES:
         source = ROOT / name
         if source.is_dir():
-            shutil.copytree(source, target / name, symlinks=True, ignore=ignore)
+            shutil.copytree(source, target / name, symlinks=True, ignore=BUILD_LEFTOVERS)
         else:
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
@@ -154,10 +155,8 @@ def read_until(process: subprocess.Popen, log: Path, pattern: str, timeout: floa
 def end(process: subprocess.Popen) -> None:
     """Kill `process` and every process it started (tritonserver, its stubs and the front end run in sessions of
     their own, out of reach of a process-group kill)."""
-    try:
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
+    family = server_processes(process.pid)
+    process.kill()
     for member in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
@@ -298,7 +297,7 @@ def replay_dockerfile(root: Path, env: dict[str, str]) -> tuple[dict[str, str], 
                 path = ROOT / source
                 if path.is_dir():
                     shutil.copytree(path, destination, symlinks=True, dirs_exist_ok=True,
-                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+                                    ignore=BUILD_LEFTOVERS)
                 else:
                     into = destination / path.name if target.endswith("/") else destination
                     into.parent.mkdir(parents=True, exist_ok=True)
