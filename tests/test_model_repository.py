@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from zerocheck.api.request import GENERATE_INPUTS, TOKEN_INPUTS
-from zerocheck.triton.config import (ConfigError, DecoderParameters, GenerateParameters, ModelConfig,
-                                     SamplerParameters, parameters)
+from zerocheck.api.request import ENGINE_INPUTS, GENERATE_INPUTS, TOKEN_INPUTS
+from zerocheck.triton.config import (ConfigError, DecoderParameters, ForwardParameters, GenerateParameters,
+                                     ModelConfig, SamplerParameters, parameters)
 from zerocheck.wire.sampling import SAMPLER_INPUTS, TensorSpec
 from zerocheck.wire.step import CHECKED_STEP_INPUTS, DECODER_INPUTS, DECODER_OUTPUTS
 
@@ -39,7 +39,7 @@ def test_every_model_has_a_config_and_a_version():
             assert (model / "1" / "model.py").is_file()
 
 
-@pytest.mark.parametrize("model, table", [("generate", GENERATE_INPUTS), ("ensemble", GENERATE_INPUTS),
+@pytest.mark.parametrize("model, table", [("generate", ENGINE_INPUTS), ("ensemble", GENERATE_INPUTS),
                                           ("tensorrt_llm_bls", GENERATE_INPUTS), ("tensorrt_llm", TOKEN_INPUTS)])
 def test_generation_inputs_follow_the_table(model, table):
     declared = tensors(config(model), "input")
@@ -48,9 +48,31 @@ def test_generation_inputs_follow_the_table(model, table):
         assert declared[spec.name] == (spec.dtype, ",".join(str(d) for d in spec.dims)), spec.name
 
 
-def test_generate_ensemble_and_bls_are_the_same_model():
+def test_the_text_doors_are_the_same_model():
     strip = lambda text: [line for line in text.splitlines() if not line.startswith("#") and "name:" not in line[:6]]  # noqa: E731
-    assert strip(config("generate")) == strip(config("ensemble")) == strip(config("tensorrt_llm_bls"))
+    assert strip(config("ensemble")) == strip(config("tensorrt_llm_bls"))
+
+
+@pytest.mark.parametrize("door", ["ensemble", "tensorrt_llm_bls", "tensorrt_llm"])
+def test_generate_takes_every_doors_inputs_and_gives_its_outputs(door):
+    """A door forwards its request as it came to `generate`, asking for its own outputs: `generate` declares
+    them all, with the same types."""
+    engine = config("generate")
+    for section in ("input", "output"):
+        declared = tensors(engine, section)
+        for name, (dtype, _) in tensors(config(door), section).items():
+            assert name in declared and declared[name][0] == dtype, (door, section, name)
+
+
+def test_one_admission_uses_every_kv_slot_by_default():
+    """`generate` admits as many sequences as the decoder has KV-cache slots (max_concurrent_sequences 0)."""
+    assert parameters(GenerateParameters, model_config("generate")).max_concurrent_sequences == 0
+    engine = ModelConfig({"model_config": json.dumps({"name": "generate"}),
+                          "model_repository": str(REPOSITORY / "generate")})
+    assert engine.sibling_parameter("decoder", "max_slots") == str(parameters(DecoderParameters,
+                                                                              model_config("decoder")).max_slots)
+    with pytest.raises(ConfigError, match="expected parameter max_slot once"):
+        engine.sibling_parameter("decoder", "max_slot")
 
 
 def test_tensorrtllm_backend_outputs_exist():
@@ -125,18 +147,17 @@ def model_config(model: str, **extra: str) -> ModelConfig:
 
 
 @pytest.mark.parametrize("model, kind", [("decoder", DecoderParameters), ("generate", GenerateParameters),
-                                         ("ensemble", GenerateParameters), ("tensorrt_llm_bls", GenerateParameters),
-                                         ("tensorrt_llm", GenerateParameters), ("zero_check_sampler", SamplerParameters)])
+                                         ("ensemble", ForwardParameters), ("tensorrt_llm_bls", ForwardParameters),
+                                         ("tensorrt_llm", ForwardParameters), ("zero_check_sampler", SamplerParameters)])
 def test_shipped_parameters_parse_into_their_dataclass_without_test_knobs(model, kind):
     assert isinstance(parameters(kind, model_config(model)), kind)
     assert not [key for key in model_config(model).parameters if key.startswith("test_")]
 
 
 def test_a_step_fits_the_step_models_batch():
-    for model in ("generate", "ensemble", "tensorrt_llm_bls", "tensorrt_llm"):
-        step_batch = parameters(GenerateParameters, model_config(model)).max_step_batch
-        for step_model in ("decoder", "checked_step"):
-            assert step_batch <= int(re.search(r"max_batch_size: (\d+)", config(step_model))[1]), (model, step_model)
+    step_batch = parameters(GenerateParameters, model_config("generate")).max_step_batch
+    for step_model in ("decoder", "checked_step"):
+        assert step_batch <= int(re.search(r"max_batch_size: (\d+)", config(step_model))[1]), step_model
 
 
 def test_a_bad_parameter_is_named():

@@ -1,13 +1,11 @@
-"""`ensemble`: the `generate` model under the name tensorrtllm_backend clients call.
+"""`ensemble`: the text door under the name tensorrtllm_backend clients call; forwards every request to
+`generate`, which runs every door's sequences in one batch (zerocheck.triton.forward).
 
-A Python copy rather than a Triton ensemble over `generate`: Triton 2.51 does not pass a client's
+A Python model rather than a Triton ensemble over `generate`: Triton 2.51 does not pass a client's
 cancellation through an ensemble to a decoupled step, and the KV slot must be freed at once.
 """
-import importlib.util
-import pathlib
+import triton_python_backend_utils as pb_utils
 
-_spec = importlib.util.spec_from_file_location(
-    "zerocheck_generate_model", pathlib.Path(__file__).resolve().parents[2] / "generate" / "1" / "model.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-TritonPythonModel = _module.TritonPythonModel
+from zerocheck.triton.forward import forwarding_model
+
+TritonPythonModel = forwarding_model(pb_utils)

@@ -1,5 +1,6 @@
-"""Decoupled BLS model `generate` (also served as `ensemble`, `tensorrt_llm_bls` and, with the token
-interface, `tensorrt_llm`): the generation loop, streaming.
+"""Decoupled BLS model `generate`: the generation loop of every door, streaming. `ensemble`,
+`tensorrt_llm_bls` and `tensorrt_llm` forward their requests here (zerocheck.triton.forward; the request
+parameter `interface` says which interface a request speaks), so one admission and one scheduler serve them all.
 
 Every request runs as a task on the stub's asyncio event loop (Triton 2.51's Python backend crashes
 when pb_utils objects are used from several threads, so nothing here uses threads). A
@@ -14,18 +15,17 @@ import triton_python_backend_utils as pb_utils
 
 from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_message, log
 from zerocheck.api.sampler_path import SamplerPath
-from zerocheck.generate.responses import INTERFACES, TEXT, TOKENS
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
 from zerocheck.wire.step import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
 from zerocheck.triton.watchdog import StubWatchdog, stop_server
-from zerocheck.api.request import GENERATE_INPUTS, TOKEN_INPUTS, Limits
+from zerocheck.api.request import ENGINE_INPUTS, Limits
 from zerocheck.generate.metrics import GenerateMetrics
 from zerocheck.triton.config import GenerateParameters, ModelConfig, built_max_seq_len, parameters
 from zerocheck.triton.tensors import error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
-INPUT_NAMES = {TEXT: [spec.name for spec in GENERATE_INPUTS], TOKENS: [spec.name for spec in TOKEN_INPUTS]}
+INPUT_NAMES = [spec.name for spec in ENGINE_INPUTS]
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 PARAMETER_OUTPUTS = ("zerocheck_bypass", "sampler", "finish_reason", "prompt_tokens", "completion_tokens")
 
@@ -102,9 +102,6 @@ class TritonPythonModel:
         self.with_parameters = response_parameters_supported()
         config = ModelConfig(args)
         params = parameters(GenerateParameters, config)
-        self.interface = params.interface
-        if self.interface not in INTERFACES:
-            raise ValueError(f"parameter interface must be one of {INTERFACES}, got {self.interface!r}")
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(params.max_context, built_max_seq_len(config.artifacts_dir()))
         limits = Limits(max_prompt_tokens=min(params.max_prompt_tokens, context - 1),
@@ -114,10 +111,12 @@ class TritonPythonModel:
                                   prefill_tokens=params.prefill_tokens_per_step,
                                   on_cancel_freed=self.metrics.cancel_freed.observe, decode_steps=params.decode_steps,
                                   decode_steps_max_rows=params.decode_steps_max_rows)
-        self.service = GenerateService(tokenizer, scheduler, limits, params.max_concurrent_sequences,
-                                       params.max_queue_size, params.queue_timeout_s, interface=self.interface)
+        # every KV-cache slot by default: the decoder's refuses a sequence only when all are taken
+        max_active = params.max_concurrent_sequences or int(config.sibling_parameter("decoder", "max_slots"))
+        self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
+                                       params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe)
         self.test_delay_s = params.test_delay_ms / 1000.0
-        self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (the token interface)
+        self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (a door forwards its own)
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
         self.watchdog = StubWatchdog(stop_server).start() if params.exit_on_dead_instance else None
 
@@ -129,7 +128,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                arrays = request_arrays(pb_utils, request, INPUT_NAMES[self.interface])
+                arrays = request_arrays(pb_utils, request, INPUT_NAMES)
                 if bool(arrays.get("stop", [[False]])[0][0]):
                     self.stop(request, sender)
                     continue

@@ -1,10 +1,8 @@
-"""`tensorrt_llm`: the `generate` model with the token interface (config parameter `interface: tokens`):
-tensorrtllm_backend's token-level model, ids in and ids out, the same generation loop and samplers."""
-import importlib.util
-import pathlib
+"""`tensorrt_llm`: tensorrtllm_backend's token-level door (ids in, ids out; config parameter `interface:
+tokens`); forwards every request to `generate`, which answers it in that interface
+(zerocheck.triton.forward)."""
+import triton_python_backend_utils as pb_utils
 
-_spec = importlib.util.spec_from_file_location(
-    "zerocheck_generate_model", pathlib.Path(__file__).resolve().parents[2] / "generate" / "1" / "model.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-TritonPythonModel = _module.TritonPythonModel
+from zerocheck.triton.forward import forwarding_model
+
+TritonPythonModel = forwarding_model(pb_utils)

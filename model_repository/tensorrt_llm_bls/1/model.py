@@ -1,10 +1,7 @@
-"""`tensorrt_llm_bls`: the `generate` model under the name of tensorrtllm_backend's BLS model (the same
-inputs and outputs as `ensemble`)."""
-import importlib.util
-import pathlib
+"""`tensorrt_llm_bls`: the text door under the name of tensorrtllm_backend's BLS model (the same inputs and
+outputs as `ensemble`); forwards every request to `generate` (zerocheck.triton.forward)."""
+import triton_python_backend_utils as pb_utils
 
-_spec = importlib.util.spec_from_file_location(
-    "zerocheck_generate_model", pathlib.Path(__file__).resolve().parents[2] / "generate" / "1" / "model.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-TritonPythonModel = _module.TritonPythonModel
+from zerocheck.triton.forward import forwarding_model
+
+TritonPythonModel = forwarding_model(pb_utils)

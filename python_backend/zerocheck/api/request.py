@@ -129,10 +129,17 @@ TOKEN_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("draft_input_ids", "TYPE_INT32", (-1,), role="unsupported", doc="speculative decoding: not served"),
 )
 TOKEN_INPUTS_BY_NAME = {spec.name: spec for spec in TOKEN_INPUTS}
+# `generate`'s inputs: the text interface's and, for requests with `interface: tokens`, the token interface's
+ENGINE_INPUTS: tuple[InputSpec, ...] = GENERATE_INPUTS + tuple(spec for spec in TOKEN_INPUTS
+                                                              if spec.name not in INPUTS_BY_NAME)
 # token-model names -> the generate model's
 TOKEN_ALIASES = {"request_output_len": "max_tokens", "streaming": "stream", "runtime_top_k": "top_k",
                  "runtime_top_p": "top_p"}
-REQUEST_PARAMETERS = ("zerocheck", "retry_reason", "request_id")
+# the two interfaces `generate` serves: TEXT (text in, text out: generate, ensemble, tensorrt_llm_bls) and TOKENS
+# (tensorrt_llm's ids in, ids out), chosen per request by the request parameter `interface` (default text)
+TEXT, TOKENS = "text", "tokens"
+INTERFACES = (TEXT, TOKENS)
+REQUEST_PARAMETERS = ("zerocheck", "retry_reason", "request_id", "interface")
 TOKEN_PARAMETERS = ("Streaming",)  # tensorrtllm_backend's clients send it with unary calls: accepted, not used
 # why a request repeats another: a hedge sent because the first was slow, or a retry after a failure
 SLOW_RESPONSE, RETRY_UNAVAILABLE = "slow_response", "unavailable"
@@ -338,6 +345,14 @@ def _request(values: Mapping[str, Any], parameters: Mapping[str, Any], limits: L
         retry_reason=str(parameters["retry_reason"]) if "retry_reason" in parameters else None,
         **fields,
     )
+
+
+def request_interface(parameters: Mapping[str, Any]) -> str:
+    """The interface a request speaks: its `interface` request parameter (the doors set it), default TEXT."""
+    interface = parameters.get("interface", TEXT)
+    if interface not in INTERFACES:
+        raise InvalidRequest(f"request parameter interface must be one of {', '.join(INTERFACES)}, got {interface!r}")
+    return interface
 
 
 def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],

@@ -30,7 +30,7 @@ class FrontendOptions:
     openai_port: int | None = 9000  # None: no OpenAI API
     door_port: int | None = None  # with triton_http_url: the public HTTP port
     triton_http_url: str | None = None  # Triton's internal HTTP endpoint (http://127.0.0.1:PORT)
-    model: str = "ensemble"
+    model: str = "generate"  # every door runs there; calling it directly saves a forwarding hop
     served_model: str = "zerocheck"
     artifacts: Path | None = None  # the tokenizer, for log-probability token texts
     limits: HttpLimits = HttpLimits()

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-http-url", default=None,
                         help="also serve the guarded door to Triton's HTTP endpoint at this URL (http://host:port)")
     parser.add_argument("--door-port", type=int, default=None, help="the door's port (with --triton-http-url)")
-    parser.add_argument("--model", default="ensemble", help="the Triton model to call (default %(default)s)")
+    parser.add_argument("--model", default="generate", help="the Triton model to call (default %(default)s)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: from the artifacts' manifest)")
     parser.add_argument("--artifacts", type=Path, default=None,

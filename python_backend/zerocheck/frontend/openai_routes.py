@@ -31,7 +31,7 @@ BYPASS, SAMPLER = "X-ZeroCheck-Bypass", "X-ZeroCheck-Sampler"
 
 class OpenAIRoutes:
     """Handlers over `client` (a tritonclient.grpc.aio client shared by every request) and `model`
-    (the Triton model: ensemble). `served_model` is the name clients use; `tokenizer` gives token
+    (the Triton model: generate). `served_model` is the name clients use; `tokenizer` gives token
     texts for log-probabilities (None: log-probabilities are refused)."""
 
     def __init__(self, client, model: str, served_model: str, tokenizer: TextTokenizer | None,

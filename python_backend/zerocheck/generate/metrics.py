@@ -10,6 +10,8 @@ zerocheck_generated_tokens_total{sampler}      completion tokens
 zerocheck_time_to_first_token_seconds{sampler} histogram
 zerocheck_time_per_output_token_seconds{sampler} histogram
 zerocheck_active_sequences                     sequences generating now
+zerocheck_queue_wait_seconds                   histogram: from a request's arrival to its admission (a KV slot
+                                               for each of its sequences), every door together
 zerocheck_cancelled_slot_free_seconds          histogram: from seeing a cancellation (each decode step looks) to
                                                its KV slot freed
 
@@ -61,6 +63,10 @@ class GenerateMetrics:
         self.tpot = {p: tpot.Metric(labels={"sampler": p}, buckets=TPOT_BUCKETS) for p in PATHS}
         self.active = keep(family(name="zerocheck_active_sequences", description="sequences generating now",
                                   kind=family.GAUGE)).Metric(labels={})
+        self.queue_wait = keep(family(
+            name="zerocheck_queue_wait_seconds", kind=family.HISTOGRAM,
+            description="from a request's arrival to its admission (KV-cache slots for its sequences)"
+        )).Metric(labels={}, buckets=TTFT_BUCKETS)
         self.cancel_freed = keep(family(
             name="zerocheck_cancelled_slot_free_seconds", kind=family.HISTOGRAM,
             description="from seeing a cancellation at the start of a decode step to its KV slot freed"

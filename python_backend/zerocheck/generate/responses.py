@@ -21,10 +21,7 @@ import numpy as np
 
 from zerocheck.api.sampler_path import SamplerPath
 from zerocheck.generate.sequence import Chunk, Sequence
-from zerocheck.api.request import GenerateRequest
-
-TEXT, TOKENS = "text", "tokens"
-INTERFACES = (TEXT, TOKENS)
+from zerocheck.api.request import TEXT, GenerateRequest
 
 
 @dataclass(frozen=True)
@@ -36,6 +33,7 @@ class Prepared:
     path: SamplerPath
     degraded: str | None  # why a zero-check request runs on the checked path
     batch_index: int = 0  # its row in a request of several rows
+    interface: str = TEXT  # the interface its responses speak (TEXT or TOKENS)
 
     @property
     def bypass(self) -> bool:
@@ -47,7 +45,7 @@ def _scalar(value, dtype) -> np.ndarray:
     return np.array([[value]], dtype=dtype)
 
 
-def response_arrays(interface: str, prepared: Prepared, seq: Sequence, piece: Chunk, final: bool) -> dict[str, np.ndarray]:
+def response_arrays(prepared: Prepared, seq: Sequence, piece: Chunk, final: bool) -> dict[str, np.ndarray]:
     """One response of `seq`: `piece` is what it carries (a streamed chunk, or the whole generation
     for a non-streamed answer; empty for a streamed answer's last response); `final` marks its last."""
     request = prepared.request
@@ -61,7 +59,7 @@ def response_arrays(interface: str, prepared: Prepared, seq: Sequence, piece: Ch
         "batch_index": _scalar(prepared.batch_index, np.int32),
     }
     whole = final and not request.stream
-    if interface == TEXT:
+    if prepared.interface == TEXT:
         arrays["text_output"] = np.array([piece.text.encode()], dtype=object)
         arrays["output_ids"] = np.array(piece.ids, dtype=np.int32).reshape(1, -1)
         log_shape: tuple[int, ...] = (1, -1)

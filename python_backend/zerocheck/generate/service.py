@@ -3,10 +3,12 @@
 `GenerateService.prepare_batch` splits a request into its rows, validates and tokenizes each
 (errors: `InvalidRequest`), `reserve` and `admission` bound concurrent sequences to the KV-cache
 slots plus a bounded queue (beyond it: `Overloaded` at once), `serve` runs the rows' sequences
-through the step scheduler and hands every response to `send` as output arrays (of the service's
-interface: text for generate / ensemble / tensorrt_llm_bls, tokens for tensorrt_llm). It all runs on the model's asyncio event loop (one
-thread); the `generate/1/model.py` adapter injects the BLS calls, the sender and the cancellation
-check.
+through the step scheduler and hands every response to `send` as output arrays of the request's
+interface (its `interface` request parameter: text, or tokens for what the `tensorrt_llm` door forwards).
+One service serves every door of the server: the other models forward their requests to `generate`
+(`zerocheck.triton.forward`), so all sequences share its admission and its batched steps. It all runs on
+the model's asyncio event loop (one thread); the `generate/1/model.py` adapter injects the BLS calls, the
+sender and the cancellation check.
 """
 from __future__ import annotations
 
@@ -19,12 +21,12 @@ from typing import AsyncIterator, Callable
 import numpy as np
 
 from zerocheck.api.errors import InvalidRequest, Overloaded
-from zerocheck.generate.responses import TEXT, TOKENS, Prepared, response_arrays
+from zerocheck.generate.responses import Prepared, response_arrays
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import Chunk, Generation, Sequence, choose_path
 from zerocheck.sampling.params import MAX_LOGIT_BIAS
-from zerocheck.api.request import GenerateRequest, Limits, check_context, parse_generate_request, \
-    parse_token_request, split_batch
+from zerocheck.api.request import TOKENS, GenerateRequest, Limits, check_context, parse_generate_request, \
+    parse_token_request, request_interface, split_batch
 from zerocheck.tokenizer import TextTokenizer
 from zerocheck.tokenizer.chat import ChatTemplateError
 
@@ -32,10 +34,13 @@ class GenerateService:
     """Validation, admission control and generation for the `generate` model."""
 
     def __init__(self, tokenizer: TextTokenizer, scheduler: StepScheduler | None, limits: Limits, max_active: int,
-                 max_queue: int, queue_timeout_s: float = 30.0, interface: str = TEXT) -> None:
-        self.tokenizer, self.interface = tokenizer, interface
-        self.parse = parse_token_request if interface == TOKENS else parse_generate_request
+                 max_queue: int, queue_timeout_s: float = 30.0,
+                 on_queue_wait: Callable[[float], None] = lambda seconds: None) -> None:
+        """max_active: sequences generating at once (the decoder's KV-cache slots); max_queue: sequences
+        waiting for one; on_queue_wait: called with each admitted request's wait in the queue."""
+        self.tokenizer = tokenizer
         self.scheduler = scheduler
+        self.on_queue_wait = on_queue_wait
         self.limits = limits
         self.max_active, self.max_queue, self.queue_timeout_s = max_active, max_queue, queue_timeout_s
         self._slots = asyncio.Semaphore(max_active)
@@ -48,8 +53,10 @@ class GenerateService:
                 for index, row in enumerate(split_batch(arrays, self.limits))]
 
     def prepare(self, arrays: dict[str, np.ndarray], parameters: dict) -> Prepared:
-        """One row (batch size 1)."""
-        request = self.parse(arrays, parameters, self.limits)
+        """One row (batch size 1), of the interface its `interface` request parameter names."""
+        interface = request_interface(parameters)
+        parse = parse_token_request if interface == TOKENS else parse_generate_request
+        request = parse(arrays, parameters, self.limits)
         vocab = self.tokenizer.vocab_size
         if request.end_id is not None and request.end_id >= vocab:
             raise InvalidRequest(f"end_id must be -1 or a token id in [0, {vocab}), got {request.end_id}")
@@ -70,7 +77,7 @@ class GenerateService:
             room = self.limits.max_context - len(prompt_ids)
             request = replace(request, max_tokens=min(self.limits.max_output_tokens, room))
         path, degraded = choose_path(request)
-        return Prepared(request, prompt_ids, path, degraded)
+        return Prepared(request, prompt_ids, path, degraded, interface=interface)
 
     def _dense_bias(self, bias: tuple[float, ...]) -> tuple[tuple[int, float], ...]:
         """tensorrt_llm's embedding_bias (a value per vocabulary entry) as (token id, bias) pairs."""
@@ -108,8 +115,9 @@ class GenerateService:
         """For a `reserve`d request: wait for `sequences` KV slots (Overloaded after queue_timeout_s)
         and hold them for the block."""
         taken = 0
+        queued_at = time.monotonic()
         try:
-            deadline = time.monotonic() + self.queue_timeout_s
+            deadline = queued_at + self.queue_timeout_s
             for _ in range(sequences):
                 if not await _acquire(self._slots, max(0.0, deadline - time.monotonic())):
                     raise Overloaded(f"overloaded: no KV cache slot freed within {self.queue_timeout_s:g} s; "
@@ -118,6 +126,7 @@ class GenerateService:
         finally:
             self._waiting -= sequences
             self.active += taken
+        self.on_queue_wait(time.monotonic() - queued_at)
         try:
             yield
         finally:
@@ -137,12 +146,12 @@ class GenerateService:
         def emit(seq: Sequence, chunk: Chunk | None) -> None:
             row = sequences[id(seq)][0]
             if chunk is not None:
-                send(response_arrays(self.interface, row, seq, chunk, final=False), False)
+                send(response_arrays(row, seq, chunk, final=False), False)
                 return
             generation = seq.generation()
             whole = Chunk("", [], []) if row.request.stream else \
                 Chunk(generation.text, generation.ids, generation.log_probs, generation.top_log_probs)
-            send(response_arrays(self.interface, row, seq, whole, final=True), True)
+            send(response_arrays(row, seq, whole, final=True), True)
 
         ordered = [seq for _, seq in sequences.values()]
         await self.scheduler.run(ordered, emit)
@@ -152,7 +161,7 @@ class GenerateService:
         return [seq.generation() for seq in ordered]
 
 
-__all__ = ["GenerateService", "Prepared", "TEXT", "TOKENS"]
+__all__ = ["GenerateService", "Prepared"]
 
 
 async def _acquire(slots: asyncio.Semaphore, timeout_s: float) -> bool:

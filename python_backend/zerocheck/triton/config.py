@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, TypeVar
 
 from zerocheck import paths
+from zerocheck.api.request import INTERFACES
 from zerocheck.wire.step import MAX_DECODE_STEPS
 
 # read by ModelConfig itself, or by the Python backend: any model may set them
@@ -36,6 +38,17 @@ class ModelConfig:
         self.max_batch_size = int(self.raw.get("max_batch_size", 0))
         self.instance_kind: str = args.get("model_instance_kind", "CPU")  # KIND_GPU instances: "GPU"
         self.instance_device_id = int(args.get("model_instance_device_id", 0))
+        self.model_dir = Path(args.get("model_repository", "."))  # this model's directory in the repository
+
+    def sibling_parameter(self, model: str, key: str) -> str:
+        """Parameter `key` of another model of the same repository, read from its config.pbtxt (the models
+        load in any order, so it cannot be asked at initialize)."""
+        config = self.model_dir.parent / model / "config.pbtxt"
+        found = re.findall(rf'key: "{re.escape(key)}" value: {{ string_value: "([^"]*)" }}', config.read_text())
+        if len(found) != 1:
+            raise ConfigError(f"model {self.name}: expected parameter {key} once in {config}, found it {len(found)} "
+                              "times")
+        return found[0]
 
     def instance_device(self, device: str) -> str:
         """Where this instance runs: the GPU Triton placed a KIND_GPU instance on (cuda:<device id>; a
@@ -130,10 +143,9 @@ class DecoderParameters:
 
 @dataclass(frozen=True)
 class GenerateParameters:
-    """`generate`, `ensemble`, `tensorrt_llm_bls` (interface text) and `tensorrt_llm` (interface tokens)."""
+    """`generate`: the generation loop of every door (see its config.pbtxt for each one's meaning)."""
 
-    interface: str
-    max_concurrent_sequences: int
+    max_concurrent_sequences: int  # 0: the decoder's max_slots
     max_queue_size: int
     queue_timeout_s: float
     max_context: int
@@ -147,14 +159,27 @@ class GenerateParameters:
     test_delay_ms: float = 0.0  # test-only: each execute sleeps this long first
 
     def __post_init__(self) -> None:
-        _at_least(1, max_concurrent_sequences=self.max_concurrent_sequences, max_context=self.max_context,
+        _at_least(1, max_context=self.max_context,
                   max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
                   max_step_batch=self.max_step_batch, decode_steps=self.decode_steps)
-        _at_least(0, max_queue_size=self.max_queue_size, queue_timeout_s=self.queue_timeout_s,
+        _at_least(0, max_concurrent_sequences=self.max_concurrent_sequences, max_queue_size=self.max_queue_size,
+                  queue_timeout_s=self.queue_timeout_s,
                   prefill_tokens_per_step=self.prefill_tokens_per_step, test_delay_ms=self.test_delay_ms,
                   decode_steps_max_rows=self.decode_steps_max_rows)
         if self.decode_steps > MAX_DECODE_STEPS:
             raise ValueError(f"parameter decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
+
+
+@dataclass(frozen=True)
+class ForwardParameters:
+    """`ensemble`, `tensorrt_llm_bls` (interface text) and `tensorrt_llm` (interface tokens): doors that
+    forward every request to `generate` (`zerocheck.triton.forward`)."""
+
+    interface: str
+
+    def __post_init__(self) -> None:
+        if self.interface not in INTERFACES:
+            raise ValueError(f"parameter interface must be one of {', '.join(INTERFACES)}, got {self.interface!r}")
 
 
 @dataclass(frozen=True)
