@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 from zerocheck.api.request import INPUTS_BY_NAME
 
@@ -20,9 +21,15 @@ _NUMPY = {"TYPE_STRING": object, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32
 
 
 def grpc_inputs(fields: dict[str, Any]) -> list[grpcclient.InferInput]:
-    """tensorrtllm_backend-style inputs: every value as a [1, 1] (or [1, N] for lists) tensor."""
+    """tensorrtllm_backend-style inputs: every value as a [1, 1] (or [1, N] for lists) tensor; a numpy
+    array goes as it is (the token door's inputs)."""
     inputs = []
     for name, value in fields.items():
+        if isinstance(value, np.ndarray):
+            tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+            continue
         spec = INPUTS_BY_NAME[name]
         values = value if isinstance(value, list) else [value]
         if spec.dtype == "TYPE_STRING":

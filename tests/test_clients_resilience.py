@@ -20,9 +20,8 @@ GREEDY = {"max_tokens": 8, "temperature": 0}
 
 
 def slow_repository(tmp: Path) -> Path:
-    """model_repository/ with test_delay_ms=3000 in generate and ensemble."""
-    delay = {"test_delay_ms": "3000"}
-    return conftest.copied_repository(tmp, generate=delay, ensemble=delay)
+    """model_repository/ with test_delay_ms=3000 in generate (every door's requests run there)."""
+    return conftest.copied_repository(tmp, generate={"test_delay_ms": "3000"})
 
 
 class LateServer:

@@ -244,7 +244,7 @@ def test_not_ready_is_503(tmp_path):
 
 def test_overload_is_429_with_retry_after_on_both_doors(tritonserver_binary, tmp_path):
     """One sequence at a time and no queue: a second concurrent request is refused at once."""
-    repository = conftest.copied_repository(tmp_path, ensemble={"max_concurrent_sequences": "1", "max_queue_size": "0"})
+    repository = conftest.copied_repository(tmp_path, generate={"max_concurrent_sequences": "1", "max_queue_size": "0"})
     stack = ServingStack(repository, tritonserver=tritonserver_binary,
                          env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
     stack.start()

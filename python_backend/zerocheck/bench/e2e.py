@@ -73,12 +73,10 @@ def run_level(server: TritonServer, path: str, concurrency: int, max_tokens: int
 
 
 def sized_repository(concurrency: int, decoder: dict[str, str] | None = None) -> Path:
-    """A copy of model_repository/ whose KV pool and admission fit `concurrency` sequences; `decoder`:
+    """A copy of model_repository/ whose KV pool (and so `generate`'s admission) fits `concurrency` sequences; `decoder`:
     more of the decoder's parameters (backend, dtype)."""
     target = Path(tempfile.mkdtemp(prefix="zerocheck-bench-")) / "model_repository"
-    admit = {"max_concurrent_sequences": str(concurrency)}
-    return copy_repository(target, {"decoder": {"max_slots": str(2 * concurrency), **(decoder or {})},
-                                    "generate": admit, "ensemble": admit})
+    return copy_repository(target, {"decoder": {"max_slots": str(concurrency), **(decoder or {})}})
 
 
 @dataclass

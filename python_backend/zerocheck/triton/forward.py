@@ -13,8 +13,11 @@ request's own id, and the sequence ends at `generate`'s next step.
 
 Triton 2.51's BLS response iterator is synchronous (`next` blocks until a response arrives): the door
 waits for each in a worker thread, which does nothing else; every other pb_utils call stays on the
-stub's event loop. The iterator shows no flags, so the door marks a response final itself: a response
-with an error, or the final response (a non-empty `finish_reason`) of the request's last sequence.
+stub's event loop. The workers are daemon threads: a wait that never ends (`generate` unloaded with the
+request in flight) cannot hold the stub's exit, and after a second without a response the door asks
+whether `generate` is still ready (a request of an unloaded `generate` ends with UNAVAILABLE). The
+iterator shows no flags, so the door marks a response final itself: a response with an error, or the
+final response (a non-empty `finish_reason`) of the request's last sequence.
 """
 from __future__ import annotations
 
@@ -22,18 +25,64 @@ import asyncio
 import itertools
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+import queue
+import threading
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from zerocheck.api.errors import InvalidRequest
+from zerocheck.api.errors import InvalidRequest, Unavailable
 from zerocheck.triton.tensors import error_for, request_parameters
 
 log = logging.getLogger("zerocheck")
 ENGINE = "generate"  # the model that runs every door's sequences
 CANCEL_POLL_S = 0.1  # how often a forwarded request's client is asked whether it cancelled, between responses
-MAX_FORWARDED = 512  # requests waiting for their next response at once (a worker thread each)
+ENGINE_POLL_S = 1.0  # how long a forwarded request waits for a response before asking whether generate is ready
+
+
+class Waiters:
+    """Daemon worker threads that run blocking calls for the event loop (`run`); one more starts whenever
+    every worker is busy, so each waiting request has its own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._count = 0
+
+    def run(self, call: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """`call(*args)` on a worker; the future (of the running loop) gets its result or its exception."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if self._idle == 0:
+                self._count += 1
+                threading.Thread(target=self._work, name=f"{self.name}-{self._count}", daemon=True).start()
+            else:
+                self._idle -= 1
+        self._jobs.put((loop, future, call, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            loop, future, call, args = self._jobs.get()
+            try:
+                result, error = call(*args), None
+            except BaseException as raised:  # handed to the waiting coroutine
+                result, error = None, raised
+            loop.call_soon_threadsafe(_settle, future, result, error)
+            with self._lock:
+                self._idle += 1
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def expected_sequences(arrays: Mapping[str, np.ndarray]) -> int:
@@ -60,7 +109,7 @@ class Forwarder:
         self.final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         self._ids = itertools.count()
         self._forwarded: dict[str, set[str]] = {}  # the client's request id -> ids of its forwarded requests
-        self._waiters = ThreadPoolExecutor(max_workers=MAX_FORWARDED, thread_name_prefix=f"{door}-responses")
+        self._waiters = Waiters(f"{door}-responses")
 
     async def execute(self, requests: list) -> None:
         """Serves `requests` to their final responses (the stub runs it in the background)."""
@@ -85,20 +134,26 @@ class Forwarder:
         forwarded_id = f"{self.door}-{os.getpid()}-{next(self._ids)}"
         if client_id:
             self._forwarded.setdefault(client_id, set()).add(forwarded_id)
-        sent_final = False
+        sent_final, left, stopping = False, expected_sequences(arrays), False
         try:
             inference = self.pb.InferenceRequest(
                 model_name=ENGINE, inputs=request.inputs(), requested_output_names=self.outputs,
                 request_id=forwarded_id, parameters={**parameters, "interface": self.interface})
             responses = await inference.async_exec(decoupled=True)
-            left, stopping = expected_sequences(arrays), False
             while True:
-                waiting = asyncio.get_running_loop().run_in_executor(self._waiters, next, responses, None)
+                waiting, silent_s = self._waiters.run(next, responses, None), 0.0
                 while not waiting.done():
                     await asyncio.wait({waiting}, timeout=CANCEL_POLL_S)
-                    if not waiting.done() and not stopping and request.is_cancelled():
+                    silent_s += CANCEL_POLL_S
+                    if waiting.done():
+                        break
+                    if not stopping and request.is_cancelled():
                         stopping = True
                         await self._stop_forwarded(forwarded_id)
+                    if silent_s >= ENGINE_POLL_S:
+                        silent_s = 0.0
+                        if not self.pb.is_model_ready(ENGINE):
+                            raise Unavailable(f"{ENGINE} is not ready (the server is stopping); retry later")
                 response = waiting.result()
                 if response is None:
                     break
@@ -129,7 +184,11 @@ class Forwarder:
                             flags=self.final)
                 sent_final = True
         finally:
-            if not sent_final:
+            if not sent_final and left > 0 and not stopping:
+                log.error("%s: %s ended with %d of its sequences unanswered", self.door, forwarded_id, left)
+                sender.send(self.pb.InferenceResponse(output_tensors=[], error=error_for(
+                    self.pb, RuntimeError(f"{ENGINE} ended the request without its answer"))), flags=self.final)
+            elif not sent_final:
                 sender.send(flags=self.final)
             if client_id:
                 ids = self._forwarded.get(client_id, set())
@@ -158,14 +217,11 @@ class Forwarder:
             request_id=forwarded_id, parameters={"interface": self.interface})
         try:
             responses = await stop.async_exec(decoupled=True)
-            for response in await asyncio.get_running_loop().run_in_executor(self._waiters, list, responses):
+            for response in await self._waiters.run(list, responses):
                 if response.has_error():
                     log.warning("%s: stopping %s failed: %s", self.door, forwarded_id, response.error().message())
         except Exception as error:
             log.warning("%s: stopping %s failed: %s", self.door, forwarded_id, error)
-
-    def close(self) -> None:
-        self._waiters.shutdown(wait=False, cancel_futures=True)
 
 
 def forwarding_model(pb_utils: Any) -> type:
@@ -181,8 +237,5 @@ def forwarding_model(pb_utils: Any) -> type:
 
         async def execute(self, requests: list) -> None:
             await self.forwarder.execute(requests)
-
-        def finalize(self) -> None:
-            self.forwarder.close()
 
     return TritonPythonModel
