@@ -19,6 +19,7 @@ one-batch check. Writes doors.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import queue
@@ -29,7 +30,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,13 @@ def _timing(sample: Sample, began: float, token_times: list[float]) -> Sample:
     return sample
 
 
+@functools.cache
+def served_model(url: str) -> str:
+    import openai
+
+    return openai.OpenAI(base_url=url, api_key="unused").models.list().data[0].id
+
+
 def openai_request(url: str, index: int, tokens: int) -> Sample:
     import openai
 
@@ -82,7 +90,7 @@ def openai_request(url: str, index: int, tokens: int) -> Sample:
     sample, times, began = Sample("openai"), [], time.perf_counter()
     try:
         stream = client.chat.completions.create(
-            model="zerocheck", messages=messages(index), max_tokens=tokens, stream=True, seed=index,
+            model=served_model(url), messages=messages(index), max_tokens=tokens, stream=True, seed=index,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "top_k": TOP_K}, **SAMPLING)
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -140,7 +148,8 @@ def grpc_request(url: str, index: int, tokens: int) -> Sample:
 def http_request(url: str, index: int, tokens: int) -> Sample:
     import requests
 
-    body = {name: array.reshape(-1)[0].item() for name, array in _door_inputs(index, tokens).items()}
+    body = {name: array.reshape(-1)[0] for name, array in _door_inputs(index, tokens).items()}
+    body = {name: value if isinstance(value, str) else value.item() for name, value in body.items()}
     sample, times, began = Sample("http"), [], time.perf_counter()
     with requests.post(f"http://{url}/v2/models/generate/generate_stream", json=body, stream=True,
                        timeout=600) as response:
@@ -221,7 +230,7 @@ def cpu() -> dict[str, str]:
 
 
 def commit() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return done.stdout.strip() or "unknown"
 
 
@@ -255,7 +264,7 @@ def main() -> int:
                       f"{row['tokens_per_s']:6.1f} tok/s  refused {row['refused']}/{row['requests']}  "
                       f"queue {row['queue_wait_mean_ms']:6.0f} ms  decoder rows/execute "
                       f"{row['decoder_rows_per_execute']:5.1f} (requests/execute "
-                      f"{row['decoder_requests_per_execute']:.2f})", flush=True)
+                      f"{row['decoder_requests_per_execute']:.2f}) {row['errors'][:1]}", flush=True)
     finally:
         stack.stop()
     for n in args.streams:
