@@ -16,7 +16,7 @@ from zerocheck import paths
 from zerocheck.loadtests.client_textfile import write_client_latency
 from zerocheck.loadtests.profiles import ProfileError, bundled_profiles, load_profile, profile_path
 from zerocheck.loadtests.request_log import read_request_log
-from zerocheck.loadtests.server_metrics import requests_by_sampler
+from zerocheck.loadtests.server_metrics import queue_wait, requests_by_sampler
 from zerocheck.loadtests.summary import format_table, summarize
 from zerocheck.loadtests.targets import (DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEFAULT_METRICS_URL, DEFAULT_OPENAI_URL,
                                         RemoteTargetRefused, check_targets)
@@ -108,9 +108,11 @@ def locust_command(args: argparse.Namespace, targets: Targets, out: Path) -> lis
 
 
 def server_requests(metrics_url: str) -> dict[str, float] | None:
-    """`zerocheck_requests_total` by sampler, None when the metrics endpoint does not answer."""
+    """`zerocheck_requests_total` by sampler, and the queue wait's sum and count (keys `queue_wait_s`,
+    `queue_wait_requests`); None when the metrics endpoint does not answer."""
     try:
-        return requests_by_sampler(metrics_url)
+        seconds, admitted = queue_wait(metrics_url)
+        return {**requests_by_sampler(metrics_url), "queue_wait_s": seconds, "queue_wait_requests": admitted}
     except OSError:
         return None
 
@@ -138,9 +140,14 @@ def run(args: argparse.Namespace) -> int:
         after = server_requests(targets.metrics_url)
     summary = summarize(read_request_log(out / "requests"))
     if before is not None and after is not None:
-        summary["server_requests_delta"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        waited, admitted = delta.pop("queue_wait_s"), delta.pop("queue_wait_requests")
+        summary["server_requests_delta"] = delta
+        summary["server_queue_wait_mean_ms"] = 1000 * waited / admitted if admitted else 0.0
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_client_latency(summary, out / "client_latency.prom")
     print(format_table(summary))
+    if "server_queue_wait_mean_ms" in summary:
+        print(f"server queue wait (arrival to a KV-cache slot): mean {summary['server_queue_wait_mean_ms']:.1f} ms")
     print(f"reports: {out}/summary.json, report.html, locust_stats.csv, client_latency.prom")
     return returncode

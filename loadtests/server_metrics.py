@@ -32,3 +32,10 @@ def counter_by(text: str, name: str, label: str) -> dict[str, float]:
 def requests_by_sampler(metrics_url: str) -> dict[str, float]:
     """`zerocheck_requests_total` summed over `bypass`, by `sampler`."""
     return counter_by(scrape(metrics_url), "zerocheck_requests_total", "sampler")
+
+
+def queue_wait(metrics_url: str) -> tuple[float, float]:
+    """`zerocheck_queue_wait_seconds`' sum and count: the seconds admitted requests waited for KV-cache slots."""
+    text = scrape(metrics_url)
+    return (sum(counter_by(text, "zerocheck_queue_wait_seconds_sum", "").values()),
+            sum(counter_by(text, "zerocheck_queue_wait_seconds_count", "").values()))

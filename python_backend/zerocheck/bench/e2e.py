@@ -96,6 +96,7 @@ class Row:
     transport_ms_per_step: float  # Triton copying those models' tensors in and out (compute_input + output)
     overhead_ms_per_step: float  # TPOT p50 - decoder - sampler: everything else (Triton overhead)
     decoder_batch: float
+    queue_wait_ms: float = 0.0  # mean wait of the admitted requests for KV-cache slots
 
 
 def aggregate(vocab: int, runs: list[Run]) -> Row:
@@ -105,7 +106,7 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
         for name, t in run.models.items():
             models.setdefault(name, ModelTime()).add(t)
     path = runs[0].path
-    decoder = models.get("decoder", ModelTime())
+    decoder, generate = models.get("decoder", ModelTime()), models.get("generate", ModelTime())
     steps = max(decoder.steps, 1)  # forwards: a multi-step execute runs several
     samplers = [models.get(m, ModelTime()) for m in SAMPLER_MODELS[path]]
     sampler_ms = (decoder.sample_ns + sum(m.infer_ns for m in samplers)) / steps / 1e6
@@ -116,7 +117,8 @@ def aggregate(vocab: int, runs: list[Run]) -> Row:
                percentile([s.ttft_s for s in samples], 50) * 1e3, percentile([s.ttft_s for s in samples], 95) * 1e3,
                tpot_p50, percentile([s.tpot_s for s in samples], 95) * 1e3,
                sum(s.tokens for s in samples) / sum(run.wall_s for run in runs),
-               decoder_ms, sampler_ms, transport_ms, max(tpot_p50 - decoder_ms - sampler_ms, 0.0), decoder.mean_batch())
+               decoder_ms, sampler_ms, transport_ms, max(tpot_p50 - decoder_ms - sampler_ms, 0.0), decoder.mean_batch(),
+               generate.queue_wait_ns / max(generate.admitted, 1) / 1e6)
 
 
 def bench_vocab(artifacts: Path, concurrencies: list[int], rounds: int, max_tokens: int, sampling: dict,
@@ -158,12 +160,12 @@ def ratios(rows: list[Row]) -> list[dict]:
 
 def table(rows: list[Row], ratio_rows: list[dict]) -> str:
     lines = [f"{'V':>7} {'conc':>4} {'path':>10} {'TTFT p50':>9} {'p95':>8} {'TPOT p50':>9} {'p95':>8} "
-             f"{'tok/s':>8} {'dec ms':>7} {'samp ms':>8} {'ovh ms':>7} {'(copy)':>7} {'batch':>6}"]
+             f"{'tok/s':>8} {'dec ms':>7} {'samp ms':>8} {'ovh ms':>7} {'(copy)':>7} {'batch':>6} {'queue ms':>9}"]
     for r in rows:
         lines.append(f"{r.vocab:>7} {r.concurrency:>4} {r.path:>10} {r.ttft_p50_ms:9.1f} {r.ttft_p95_ms:8.1f} "
                      f"{r.tpot_p50_ms:9.2f} {r.tpot_p95_ms:8.2f} {r.tokens_per_s:8.1f} {r.decoder_ms_per_step:7.2f} "
                      f"{r.sampler_ms_per_step:8.2f} {r.overhead_ms_per_step:7.2f} {r.transport_ms_per_step:7.2f} "
-                     f"{r.decoder_batch:6.1f}")
+                     f"{r.decoder_batch:6.1f} {r.queue_wait_ms:9.1f}")
     lines.append("")
     lines.append(f"{'V':>7} {'conc':>4} {'checked/zero-check: TTFT p95':>29} {'TPOT p50':>9} {'TPOT p95':>9} "
                  f"{'tok/s zc/chk':>13} {'sampler share zc':>17} {'checked':>8}")

@@ -27,6 +27,8 @@ class ModelTime:
     forward_ns: int = 0  # decoder only: the part of infer spent in the forward (the model's compute)
     sample_ns: int = 0  # decoder only: the part of infer spent in the fused zero-check sampler
     steps: int = 0  # decoder only: forwards run (an execute of a multi-step call runs several)
+    queue_wait_ns: int = 0  # generate only: admitted requests' waits for KV-cache slots (zerocheck_queue_wait_seconds)
+    admitted: int = 0  # generate only: requests those waits are of
 
     def add(self, other: "ModelTime") -> None:
         self.executions += other.executions
@@ -38,6 +40,8 @@ class ModelTime:
         self.forward_ns += other.forward_ns
         self.sample_ns += other.sample_ns
         self.steps += other.steps
+        self.queue_wait_ns += other.queue_wait_ns
+        self.admitted += other.admitted
 
     def mean_batch(self) -> float:
         return self.inferences / self.executions if self.executions else 0.0
@@ -45,6 +49,7 @@ class ModelTime:
 
 STAGE_SECONDS = re.compile(r'^zerocheck_decoder_seconds_total\{[^}]*stage="(\w+)"[^}]*\} (\S+)$', re.M)
 DECODER_STEPS = re.compile(r'^zerocheck_decoder_steps_total\{[^}]*\} (\S+)$', re.M)
+QUEUE_WAIT = re.compile(r'^zerocheck_queue_wait_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$', re.M)
 KV_SLOTS_IN_USE = re.compile(r'^zerocheck_kv_slots_in_use\{[^}]*\} (\S+)$', re.M)
 
 
@@ -65,6 +70,10 @@ def snapshot(http_url: str, metrics_url: str | None = None) -> dict[str, ModelTi
         out["decoder"].forward_ns = int(float(stages.get("forward", 0)) * 1e9)
         out["decoder"].sample_ns = int(float(stages.get("sample", 0)) * 1e9)
         out["decoder"].steps = sum(int(float(value)) for value in DECODER_STEPS.findall(text))
+        if "generate" in out:
+            waits = {kind: float(value) for kind, value in QUEUE_WAIT.findall(text)}
+            out["generate"].queue_wait_ns = int(waits.get("sum", 0.0) * 1e9)
+            out["generate"].admitted = int(waits.get("count", 0.0))
     return out
 
 
@@ -86,5 +95,6 @@ def delta(before: dict[str, ModelTime], after: dict[str, ModelTime]) -> dict[str
         b = before.get(name, ModelTime())
         out[name] = ModelTime(a.executions - b.executions, a.inferences - b.inferences, a.queue_ns - b.queue_ns,
                               a.input_ns - b.input_ns, a.infer_ns - b.infer_ns, a.output_ns - b.output_ns,
-                              a.forward_ns - b.forward_ns, a.sample_ns - b.sample_ns, a.steps - b.steps)
+                              a.forward_ns - b.forward_ns, a.sample_ns - b.sample_ns, a.steps - b.steps,
+                              a.queue_wait_ns - b.queue_wait_ns, a.admitted - b.admitted)
     return out
