@@ -2,6 +2,7 @@
 whose one scheduler puts every active sequence in one decoder call per step, under one admission."""
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,18 +11,35 @@ import pytest
 import requests
 
 from generate_calls import grpc_generate, http_generate, wait_slots_free
-from zerocheck.triton.forward import expected_sequences, is_stop_request
+from zerocheck.api.errors import InvalidRequest
+from zerocheck.generate.relay import Relay, error_arrays
+from zerocheck.triton.forward import is_stop_request
 
 TOKENS = 40
 PROMPT = "def fibonacci(n):"
 
 
-def test_a_door_counts_the_sequences_generate_answers():
-    assert expected_sequences({"text_input": np.array([[b"x"]], dtype=object)}) == 1
-    assert expected_sequences({"text_input": np.array([[b"x"], [b"y"]], dtype=object)}) == 2
-    assert expected_sequences({"text_input": np.array([[b"x"], [b"y"]], dtype=object),
-                               "num_return_sequences": np.array([[3], [2]], np.int32)}) == 5
-    assert expected_sequences({"num_return_sequences": np.array([[0]], np.int32)}) == 1  # refused by generate
+def test_a_relay_hands_out_responses_in_order_and_marks_the_last():
+    """A sequence's final response is held until the next one, so only the request's last is marked final;
+    an error travels as data after what was queued."""
+    async def drain(relay: Relay, count: int) -> list:
+        return [await relay.next() for _ in range(count)]
+
+    relay = Relay()
+    relay.send({"text_output": np.array([b"a"], dtype=object)}, False)
+    relay.send({"text_output": np.array([b"b"], dtype=object)}, True)  # the first sequence's end
+    relay.send({"text_output": np.array([b"c"], dtype=object)}, True)  # the second's
+    relay.close()
+    got = asyncio.run(drain(relay, 3))
+    assert [(arrays["text_output"][0], last, bool(arrays["relay_final"][0][0])) for arrays, last in got] == [
+        (b"a", False, False), (b"b", False, False), (b"c", True, True)]
+    failed = Relay()
+    failed.send({"text_output": np.array([b"a"], dtype=object)}, True)
+    failed.close(InvalidRequest("max_tokens must be >= 1"))
+    (first, _), (error, last) = asyncio.run(drain(failed, 2))
+    assert first["text_output"][0] == b"a" and last
+    assert error["error"][0][0] == b"INVALID_ARGUMENT: max_tokens must be >= 1"
+    assert error_arrays(InvalidRequest("x"))["relay_final"][0][0]
     assert is_stop_request({"stop": np.array([[True]])}) and not is_stop_request({"stop": np.array([[False]])})
     assert not is_stop_request({"text_input": np.array([[b"x"]], dtype=object)})
 
@@ -65,7 +83,7 @@ def test_mixed_doors_share_one_decoder_call_per_step(triton_server, tmp_path):
     assert tokens == [TOKENS] * len(jobs)
     # ~TOKENS steps of up to 12 rows, plus the slots' releases (calls without rows)
     print(f"decoder: {executes} executes, {calls} calls, {rows} rows: {rows / executes:.1f} rows per execute")
-    assert rows / executes > 8, (executes, calls, rows)
+    assert rows / executes > 6, (executes, calls, rows)  # a scheduler per door: at most 4 (its third of 12)
 
 
 def test_a_burst_as_large_as_the_kv_cache_starts_at_once(server_factory, tmp_path):
@@ -75,13 +93,17 @@ def test_a_burst_as_large_as_the_kv_cache_starts_at_once(server_factory, tmp_pat
 
     server = server_factory(conftest.copied_repository(tmp_path),
                             env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
-    fields = {"text_input": PROMPT, "max_tokens": 64, "min_tokens": 64, "stream": True, "temperature": 0.8}
-    began = time.perf_counter()
+    fields = {"text_input": PROMPT, "max_tokens": 128, "min_tokens": 128, "stream": True, "temperature": 0.8}
+
+    def stream(seed: int) -> tuple[float, float]:
+        """(first token, end) of one stream, on the clock the others use."""
+        sent = time.perf_counter()
+        responses = grpc_generate(server.grpc_url, {**fields, "seed": seed})
+        assert responses[-1]["finish_reason"] == "length"
+        return sent + responses[0]["t"], sent + responses[-1]["t"]
+
     with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda i: grpc_generate(server.grpc_url, {**fields, "seed": i}), range(32)))
-    firsts = [began + responses[0]["t"] for responses in results]
-    ends = [began + responses[-1]["t"] for responses in results]
-    assert all(responses[-1]["finish_reason"] == "length" for responses in results)
+        firsts, ends = zip(*pool.map(stream, range(32)))
     assert max(firsts) < min(ends), (sorted(firsts)[-3:], sorted(ends)[:3])
 
 

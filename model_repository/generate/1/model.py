@@ -21,6 +21,7 @@ from zerocheck.wire.step import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_
 from zerocheck.triton.watchdog import StubWatchdog, stop_server
 from zerocheck.api.request import ENGINE_INPUTS, Limits
 from zerocheck.generate.metrics import GenerateMetrics
+from zerocheck.generate.relay import NEXT, RELAY_PARAMETER, START, Relay, error_arrays
 from zerocheck.triton.config import GenerateParameters, ModelConfig, built_max_seq_len, parameters
 from zerocheck.triton.tensors import error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
@@ -48,6 +49,11 @@ async def bls_step(path: SamplerPath, calls: list) -> list:
 
 async def bls_release(seq_ids: list) -> None:
     await bls("decoder", release_arrays(seq_ids), ["error"])
+
+
+def send_arrays(sender, arrays: dict) -> None:
+    """One response that is the request's final."""
+    sender.send(pb_utils.InferenceResponse(tensors(pb_utils, arrays)), flags=FINAL)
 
 
 def response_parameters_supported() -> bool:
@@ -117,6 +123,7 @@ class TritonPythonModel:
                                        params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe)
         self.test_delay_s = params.test_delay_ms / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (a door forwards its own)
+        self.relays: dict[str, Relay] = {}  # a door's relayed requests, by request id
         # a dead model-instance stub is never restarted by Triton 2.51: stop the server instead of serving errors
         self.watchdog = StubWatchdog(stop_server).start() if params.exit_on_dead_instance else None
 
@@ -127,19 +134,44 @@ class TritonPythonModel:
         served = []
         for request in requests:
             sender = request.get_response_sender()
+            relay = None
             try:
                 arrays = request_arrays(pb_utils, request, INPUT_NAMES)
+                parameters = request_parameters(request)
+                relay = parameters.pop(RELAY_PARAMETER, None)
+                if relay == NEXT:
+                    served.append(self.relay_next(request, sender))
+                    continue
                 if bool(arrays.get("stop", [[False]])[0][0]):
                     self.stop(request, sender)
                     continue
-                rows = self.service.prepare_batch(arrays, request_parameters(request))
+                rows = self.service.prepare_batch(arrays, parameters)
                 self.service.reserve(sum(row.request.num_return_sequences for row in rows))
             except Exception as error:
                 self.metrics.error(code_of(error))
-                Responses(sender, False).close(error)
+                if relay is not None:
+                    send_arrays(sender, error_arrays(error))
+                else:
+                    Responses(sender, False).close(error)
                 continue
-            served.append(self.serve(request, sender, rows))
+            if relay == START:  # a door's request: its responses wait in a Relay for the door's calls
+                self.relays[request.request_id()] = responses = Relay()
+                served += [self.serve(request, responses, rows), self.relay_next(request, sender)]
+            else:
+                served.append(self.serve(request, Responses(sender, self.with_parameters), rows))
         await asyncio.gather(*served)
+
+    async def relay_next(self, request, sender) -> None:
+        """A relay call (zerocheck.generate.relay): the relayed request's oldest queued response, once there is one."""
+        relay_id = request.request_id()
+        relay = self.relays.get(relay_id)
+        if relay is None:
+            send_arrays(sender, error_arrays(InvalidRequest(f"relay: no relayed request {relay_id!r}")))
+            return
+        arrays, last = await relay.next()
+        if last:
+            del self.relays[relay_id]
+        send_arrays(sender, arrays)
 
     def stop(self, request, sender) -> None:
         """A stop request (tensorrtllm_backend's `stop` input): the in-flight request with the same request
@@ -153,10 +185,12 @@ class TritonPythonModel:
             self.stopped[request_id] = True
         sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)  # no outputs: "cancellation response"
 
-    async def serve(self, request, sender, rows) -> None:
-        """Run the request to its final response; every request ends with the final flag, never a traceback."""
-        responses, metrics = Responses(sender, self.with_parameters), self.metrics
+    async def serve(self, request, responses, rows) -> None:
+        """Run the request to its final response (`responses`: its Responses, or the Relay a door reads);
+        every request ends with the final flag, never a traceback."""
+        metrics = self.metrics
         request_id = request.request_id()
+        relayed = isinstance(responses, Relay)
         if request_id:  # a stop request can name it
             self.stopped.setdefault(request_id, False)
         sequences = sum(row.request.num_return_sequences for row in rows)
@@ -168,8 +202,10 @@ class TritonPythonModel:
                 for row in rows:
                     metrics.request(row.path, row.bypass, row.degraded)
                     metrics.retry(row.request.retry_reason)
+                # a relayed request's client is watched by its door, which sends a stop request
                 generations = await self.service.serve(
-                    rows, responses.send, lambda: request.is_cancelled() or self.stopped.get(request_id, False))
+                    rows, responses.send, lambda: self.stopped.get(request_id, False) or (
+                        not relayed and request.is_cancelled()))
             for row, generation in zip((row for row in rows for _ in range(row.request.num_return_sequences)),
                                        generations):
                 metrics.finished(row.path, generation)
