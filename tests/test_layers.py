@@ -18,7 +18,7 @@ ALLOWED = {
     "wire": {"api", "sampling"},
     "decoder": {"api", "jit", "sampling", "tokenizer", "wire"},
     "generate": {"api", "sampling", "tokenizer", "wire"},
-    "triton": {"", "api", "sampling", "wire"},
+    "triton": {"", "api", "generate", "sampling", "wire"},  # generate: the relay contract the doors speak
     "build": {"", "decoder", "tokenizer"},
     "frontend": {"", "api", "clients", "tokenizer"},
     "serve": {"", "api", "build", "frontend"},

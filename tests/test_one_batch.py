@@ -86,13 +86,11 @@ def test_mixed_doors_share_one_decoder_call_per_step(triton_server, tmp_path):
     assert rows / executes > 6, (executes, calls, rows)  # a scheduler per door: at most 4 (its third of 12)
 
 
-def test_a_burst_as_large_as_the_kv_cache_starts_at_once(server_factory, tmp_path):
+def test_a_burst_as_large_as_the_kv_cache_starts_at_once(triton_server):
     """32 streams against the shipped 32 KV slots: every one is admitted and streams its first token before
     any of them has ended (none waits for another's whole generation), and none is refused."""
-    import conftest
-
-    server = server_factory(conftest.copied_repository(tmp_path),
-                            env={"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir())})
+    server = triton_server
+    wait_slots_free(server)
     fields = {"text_input": PROMPT, "max_tokens": 128, "min_tokens": 128, "stream": True, "temperature": 0.8}
 
     def stream(seed: int) -> tuple[float, float]:
