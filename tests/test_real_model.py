@@ -33,7 +33,7 @@ PLAIN = [
     "Once upon a time, in a small village,",
     "The three primary colors are",
     "import numpy as np\n\n# compute the mean of a list\n",
-    # longer than a step's prompt budget (prefill_tokens_per_step 128): prefilled in chunks
+    # longer than a step's prompt budget (the real_server fixture's prefill_tokens_per_step 128): prefilled in chunks
     "Charles Babbage designed the Analytical Engine in the 1830s, a mechanical computer with a mill, a store "
     "and punched cards for its programs. Ada Lovelace wrote notes on it that include an algorithm for "
     "Bernoulli numbers, often called the first program. A century later, Alan Turing described a machine that "
