@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,17 @@ log = logging.getLogger("zerocheck")
 ENGINE = "generate"  # the model that runs every door's sequences
 CANCEL_POLL_S = 0.5  # how often a client is asked whether it cancelled while a response is awaited
 ENGINE_POLL_S = 1.0  # how long a relay call waits before asking whether generate is still ready
+
+
+MAX_RELAY_CALLS = 512  # relay calls a door has in flight at once (a worker thread each)
+
+
+def relay_executor(door: str) -> ThreadPoolExecutor:
+    """The door's event-loop executor. The stub runs each BLS `async_exec` on its loop's default executor, and
+    a relay call holds a worker until `generate` answers (a step, or a queued request's whole wait): asyncio's
+    default pool (min(32, CPUs + 4) workers: 6 on 2 cores) let only 6 of a door's requests reach `generate` at
+    once and queued the others in the door, unbounded and unseen by `generate`'s admission."""
+    return ThreadPoolExecutor(max_workers=MAX_RELAY_CALLS, thread_name_prefix=f"{door}-bls")
 
 
 def is_stop_request(arrays: Mapping[str, np.ndarray]) -> bool:
@@ -178,8 +190,12 @@ def forwarding_model(pb_utils: Any) -> type:
             params = parameters(ForwardParameters, config)
             outputs = [output["name"] for output in config.raw.get("output", [])]
             self.forwarder = Forwarder(pb_utils, config.name, params.interface, outputs)
+            self.executor_set = False
 
         async def execute(self, requests: list) -> None:
+            if not self.executor_set:  # the stub's loop runs here, not in initialize
+                asyncio.get_running_loop().set_default_executor(relay_executor(self.forwarder.door))
+                self.executor_set = True
             await self.forwarder.execute(requests)
 
     return TritonPythonModel
