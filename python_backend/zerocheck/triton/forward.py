@@ -21,8 +21,11 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import thread as futures_thread
 from typing import Any
 
 import numpy as np
@@ -40,12 +43,27 @@ ENGINE_POLL_S = 1.0  # how long a relay call waits before asking whether generat
 MAX_RELAY_CALLS = 512  # relay calls a door has in flight at once (a worker thread each)
 
 
-def relay_executor(door: str) -> ThreadPoolExecutor:
+class RelayExecutor(ThreadPoolExecutor):
     """The door's event-loop executor. The stub runs each BLS `async_exec` on its loop's default executor, and
     a relay call holds a worker until `generate` answers (a step, or a queued request's whole wait): asyncio's
     default pool (min(32, CPUs + 4) workers: 6 on 2 cores) let only 6 of a door's requests reach `generate` at
-    once and queued the others in the door, unbounded and unseen by `generate`'s admission."""
-    return ThreadPoolExecutor(max_workers=MAX_RELAY_CALLS, thread_name_prefix=f"{door}-bls")
+    once and queued the others in the door, unbounded and unseen by `generate`'s admission. Its workers are
+    daemon threads that the interpreter does not join at exit: one still waiting on a `generate` that was
+    unloaded with the server's stop must not hold the stub's exit (its shared memory was then left behind)."""
+
+    def __init__(self, door: str) -> None:
+        super().__init__(max_workers=MAX_RELAY_CALLS, thread_name_prefix=f"{door}-bls")
+
+    def _adjust_thread_count(self) -> None:  # ThreadPoolExecutor's (Python 3.11), with daemon threads
+        if self._idle_semaphore.acquire(timeout=0):
+            return
+        if len(self._threads) < self._max_workers:
+            worker = threading.Thread(
+                name=f"{self._thread_name_prefix}_{len(self._threads)}", target=futures_thread._worker, daemon=True,
+                args=(weakref.ref(self, lambda _, work=self._work_queue: work.put(None)), self._work_queue,
+                      self._initializer, self._initargs))
+            worker.start()
+            self._threads.add(worker)
 
 
 def is_stop_request(arrays: Mapping[str, np.ndarray]) -> bool:
@@ -194,7 +212,7 @@ def forwarding_model(pb_utils: Any) -> type:
 
         async def execute(self, requests: list) -> None:
             if not self.executor_set:  # the stub's loop runs here, not in initialize
-                asyncio.get_running_loop().set_default_executor(relay_executor(self.forwarder.door))
+                asyncio.get_running_loop().set_default_executor(RelayExecutor(self.forwarder.door))
                 self.executor_set = True
             await self.forwarder.execute(requests)
 
