@@ -88,12 +88,12 @@ class Forwarder:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                stop = self.pb.get_input_tensor_by_name(request, "stop")  # the other inputs pass on unread
                 parameters = request_parameters(request)
             except Exception as error:  # never a traceback to the client
                 self._fail(sender, error)
                 continue
-            if is_stop_request(arrays):
+            if stop is not None and is_stop_request({"stop": stop.as_numpy()}):
                 served.append(self.stop(request, sender))
             else:
                 served.append(self.forward(request, sender, parameters))
@@ -116,16 +116,13 @@ class Forwarder:
                     waited += CANCEL_POLL_S
                     if call.done():
                         break
-                    if not stopping and request.is_cancelled():
-                        stopping = True
-                        await self._stop(relay_id)
+                    stopping = stopping or await self._stop_if_cancelled(request, relay_id)
                     if waited >= ENGINE_POLL_S and not self._engine_ready():
                         call.cancel()
                         raise Unavailable(f"{ENGINE} is not ready (the server is stopping); retry later")
                 ended = self._pass_on(sender, call.result())
-                if not ended and not stopping and request.is_cancelled():
-                    stopping = True
-                    await self._stop(relay_id)
+                if not ended:
+                    stopping = stopping or await self._stop_if_cancelled(request, relay_id)
                 inputs = [self.pb.Tensor("stop", np.array([[False]]))]
                 relay_parameters = {"interface": self.interface, RELAY_PARAMETER: NEXT}
         except Exception as error:  # never a traceback to the client, always a final flag
@@ -138,6 +135,13 @@ class Forwarder:
                 ids.discard(relay_id)
                 if not ids:
                     self._relayed.pop(client_id, None)
+
+    async def _stop_if_cancelled(self, request: Any, relay_id: str) -> bool:
+        """Whether the client cancelled; if so, `generate` is asked to stop the relayed request."""
+        if not request.is_cancelled():
+            return False
+        await self._stop(relay_id)
+        return True
 
     def _pass_on(self, sender: Any, response: Any) -> bool:
         """Send the client what one relay call answered; whether it was the request's last response."""
