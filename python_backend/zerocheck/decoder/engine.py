@@ -20,6 +20,7 @@ from zerocheck.decoder.backends import StepFunction, onnxruntime_step, tensorrt_
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
+from zerocheck.decoder.openvino_paged import PagedOpenVINO, load_paged_openvino
 from zerocheck.decoder.packed import PackedTransformer, int4_supported, packing_available
 from zerocheck.decoder.prefix_cache import PrefixCache
 from zerocheck.decoder.threads import ThreadShare, set_forward_threads
@@ -29,10 +30,10 @@ from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 ONNX_FILE = "decoder.onnx"
 ONNX_INT8_FILE = "decoder.int8.onnx"  # ONNX_FILE with int8 weights (dynamic quantization, build_engines.py)
 TENSORRT_PLAN = "decoder.plan"  # ONNX_FILE as a TensorRT engine (build_engines.py --tensorrt, on a GPU)
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
+BACKENDS = ("torch", "onnxruntime", "tensorrt", "openvino")
 DEFAULT_BACKEND = "auto"  # choose_backend
-DTYPES = ("fp32", "bf16", "int8")  # weights; activations and KV cache are bf16 with bf16 weights, else fp32
-DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime",)}  # tensorrt: the fp32 export
+DTYPES = ("fp32", "bf16", "int8", "int4")  # weights; activations and KV cache: TORCH_DTYPES, openvino_paged's
+DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime", "openvino"), "int4": ("openvino",)}
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # activations, KV cache
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU multiplies bfloat16 natively
 
@@ -102,9 +103,9 @@ def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
         if not cuda_available:
             raise ValueError(f"{'backend tensorrt' if kind != 'cuda' else 'device cuda'} asked for, but torch sees "
                              "no CUDA device")
-        if backend == "onnxruntime":
-            raise ValueError("device cuda needs backend torch or tensorrt (onnxruntime runs on the CPU here), "
-                             "got onnxruntime")
+        if backend in ("onnxruntime", "openvino"):
+            raise ValueError(f"device cuda needs backend torch or tensorrt ({backend} runs on the CPU here), "
+                             f"got {backend}")
     if requested == "auto":
         return "cuda" if cuda_available and backend in ("torch", "tensorrt") else "cpu"
     return requested
@@ -161,10 +162,11 @@ class _Logits:
 
 
 class DecoderEngine:
-    def __init__(self, config: DecoderConfig, step_fn: StepFunction | PackedTransformer, pool: KVCachePool,
+    def __init__(self, config: DecoderConfig, step_fn: StepFunction | PackedTransformer | PagedOpenVINO, pool: KVCachePool,
                  backend: str, dtype: str = "fp32", fail_token: int = -1, device: str = "cpu",
                  prefix_cache: PrefixCache | None = None, threads: ThreadShare | None = None) -> None:
-        """`step_fn`: a `StepFunction` (caches gathered per step), or a `PackedTransformer` (the pool in place).
+        """`step_fn`: a `StepFunction` (caches gathered per step), a `PackedTransformer` (the pool in place), or a
+        `PagedOpenVINO` (its own paged cache; the pool keeps the slots' bookkeeping).
         `prefix_cache`: first steps reuse the keys and values of cached prompts that open alike. `threads`: sets
         the CPU forwards' thread count from the machine's load (`zerocheck.decoder.threads`)."""
         self.config, self.pool, self.backend, self.dtype, self.device = config, pool, backend, dtype, device
@@ -194,7 +196,11 @@ class DecoderEngine:
                 errors[index] = error
             seen.add(request.seq_id)
         logits = _Logits(len(requests), self.vocab_size, self.device)
-        for group in ([r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]):
+        # rows padded to one length waste the decode rows' work on a prompt's length: prefill and decode run
+        # apart, except on the paged engine, whose rows are not padded
+        paged = isinstance(self._step_fn, PagedOpenVINO)
+        groups = [rows] if paged else [[r for r in rows if len(r.tokens) == 1], [r for r in rows if len(r.tokens) > 1]]
+        for group in groups:
             if group:
                 with self.threads.forward() if self.threads is not None else nullcontext():
                     self._run(group, logits, errors)
@@ -227,6 +233,10 @@ class DecoderEngine:
         entry, length = self.prefix_cache.lookup(tokens) if self.prefix_cache is not None else (None, 0)
         if entry is None:
             return list(tokens)
+        if isinstance(self._step_fn, PagedOpenVINO):
+            self._step_fn.write_prefix(held.slot, entry.keys, entry.values, length)
+            self.pool.advance(held, length)
+            return list(tokens[length:])
         self.pool.keys[:, held.slot, :, :length] = entry.keys[:, :, :length]
         self.pool.values[:, held.slot, :, :length] = entry.values[:, :, :length]
         self.pool.advance(held, length)
@@ -234,6 +244,9 @@ class DecoderEngine:
 
     def _store_prefix(self, held: SlotState, tokens: list[int]) -> None:
         n = len(tokens)
+        if isinstance(self._step_fn, PagedOpenVINO):
+            self.prefix_cache.store(tokens, *self._step_fn.read_prefix(held.slot, n))
+            return
         self.prefix_cache.store(tokens, self.pool.keys[:, held.slot, :, :n], self.pool.values[:, held.slot, :, :n])
 
     def release(self, seq_id: str) -> None:
@@ -263,12 +276,18 @@ class DecoderEngine:
 
     def _forward(self, rows: list[_Row]) -> torch.Tensor:
         """Pad rows to [B, T], gather their caches, run the backend, append new K/V. Returns [B, V]."""
+        if self.fail_token >= 0 and any(self.fail_token in row.tokens for row in rows):
+            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
+        if isinstance(self._step_fn, PagedOpenVINO):  # unpadded rows, the cache written in place
+            logits = self._step_fn.step([row.held.slot for row in rows], [row.held.length for row in rows],
+                                        [row.tokens for row in rows])
+            for row in rows:
+                self.pool.advance(row.held, len(row.tokens))
+            return logits
         lengths = torch.tensor([row.held.length for row in rows])
         counts = torch.tensor([len(row.tokens) for row in rows])
         t, p = int(counts.max()), max(1, int(lengths.max()))
         tokens = torch.tensor([row.tokens + [0] * (t - len(row.tokens)) for row in rows], dtype=torch.long)
-        if self.fail_token >= 0 and bool((tokens == self.fail_token).any()):
-            raise InjectedFault(f"test fault: token {self.fail_token} in a step's input")
         if isinstance(self._step_fn, PackedTransformer):
             slots = torch.tensor([row.held.slot for row in rows])
             logits = self._step_fn.step(tokens, counts, lengths, slots, self.pool.keys, self.pool.values)
@@ -380,6 +399,9 @@ def load_decoder(
             raise FileNotFoundError(f"{plan} is missing: build with --tensorrt (on a GPU) or use backend='torch'")
         step_fn = tensorrt_step(plan, device, max_slots, max_seq_len)
         kernels = plan.name
+    elif backend == "openvino":
+        step_fn = load_paged_openvino(model_dir, config, dtype, max_slots, max_seq_len, num_threads)
+        kernels = f"OpenVINO {step_fn.describe()}"
     else:
         onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
         if not onnx_path.is_file():
@@ -390,8 +412,11 @@ def load_decoder(
     for option, asked in (("int4_single_row", int4_single_row), ("int8_lm_head_single_row", int8_lm_head_single_row)):
         if asked and not packed:
             print(f"decoder: {option} is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
+    paged = isinstance(step_fn, PagedOpenVINO)
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
-                       dtype=TORCH_DTYPES[dtype], device=device)
+                       dtype=TORCH_DTYPES.get(dtype, torch.float32), device=device, store=not paged)
+    if paged:
+        pool.on_slot_free = step_fn.table.release
     prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
     reuse = f"; prefix cache of {prefix_cache_tokens} tokens" if prefix_cache else ""
     threads = None

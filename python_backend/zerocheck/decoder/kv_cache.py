@@ -22,7 +22,9 @@ class KVCachePool:
     """Preallocated K/V for `max_slots` sequences of up to `max_seq_len` tokens.
 
     `keys`, `values`: [L, max_slots, Hkv, max_seq_len, D] in `dtype` (the decoder's), zero-filled at creation;
-    `keys[l]` is layer l's [slots, Hkv, max_seq_len, D] cache. Written in place by `write`.
+    `keys[l]` is layer l's [slots, Hkv, max_seq_len, D] cache. Written in place by `write`. With `store=False`
+    the pool keeps the slots' bookkeeping only (`keys` and `values` are None): an engine that holds the keys and
+    values itself (`PagedOpenVINO`) frees a slot's storage through `on_slot_free`.
     """
 
     def __init__(
@@ -36,25 +38,29 @@ class KVCachePool:
         clock: Callable[[], float] = time.monotonic,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        store: bool = True,
     ) -> None:
         shape = (num_layers, max_slots, num_kv_heads, max_seq_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device) if store else None
+        self.values = torch.zeros(shape, dtype=dtype, device=device) if store else None
         self.max_slots, self.max_seq_len, self.idle_timeout_s = max_slots, max_seq_len, idle_timeout_s
         self.clock = clock
         self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._active: dict[str, SlotState] = {}
         self.on_release: Callable[[str], None] = lambda seq_id: None  # what else lives with a slot goes with it
+        self.on_slot_free: Callable[[int], None] = lambda slot: None  # the slot's storage kept elsewhere
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
     @property
     def in_use(self) -> int:
         return len(self._active)
 
     def describe(self) -> str:
+        if self.keys is None:
+            return f"{self.max_slots} sequence slots of up to {self.max_seq_len} tokens"
         l, s, h, t, d = self.keys.shape
         return (f"KV cache pool: {s} slots x {t} tokens x {l} layers x {h} kv heads x {d} dims, "
                 f"{str(self.keys.dtype).removeprefix('torch.')}, {self.nbytes / 2**20:.1f} MiB on {self.keys.device}")
@@ -82,6 +88,7 @@ class KVCachePool:
         held = self._active.pop(seq_id, None)
         if held is not None:
             self._free.append(held.slot)
+            self.on_slot_free(held.slot)
             self.on_release(seq_id)
 
     def reclaim_idle(self, now: float | None = None) -> list[str]:

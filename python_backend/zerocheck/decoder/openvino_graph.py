@@ -1,0 +1,192 @@
+"""The decoder as an OpenVINO model with paged attention: built from the checkpoint's tensors with OpenVINO's
+opset, then turned into the paged form OpenVINO GenAI runs.
+
+The graph is first written as a stateful Llama (each layer's keys and values held in ReadValue / Assign
+variables, concatenated before ScaledDotProductAttention, the form Hugging Face exports take);
+`paged_attention_transformation` (the step OpenVINO GenAI applies to any model) then replaces each
+attention with PagedAttention over `key_cache.N` / `value_cache.N` block tensors that the runtime writes in
+place. Its inputs afterwards: `input_ids`, `position_ids` ([tokens] int64: every row's new tokens one after
+another), `past_lens`, `subsequence_begins`, `block_indices`, `block_indices_begins`, `max_context_len` (int32,
+see `zerocheck.decoder.openvino_paged`), the caches, and `logits_indices` ([rows] int64: which of the tokens'
+hidden states reach the final norm and lm_head). Output `logits`: [rows, V] float32.
+
+Weights (`WEIGHTS`): fp32 as in the checkpoint; int8 (symmetric, one scale per output channel); int4
+(asymmetric groups of 32 along the input, float scale and offset per group: the layout of GGUF's Q4_1 blocks,
+so a checkpoint dequantized from Q4_1 comes back exactly). Compressed weights are Constants of i8 / u4 that
+the graph converts and scales: the decompression pattern OpenVINO's CPU plugin runs as compressed matrix
+multiplies. The embedding table stays fp32 (a gather reads a few rows); a tied lm_head gets its own
+compressed copy.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import openvino as ov
+import openvino.opset15 as ops
+from openvino import PartialShape, Type
+from openvino._offline_transformations import paged_attention_transformation
+from openvino.op.util import Variable, VariableInfo
+
+from zerocheck.decoder.config import DecoderConfig
+from zerocheck.decoder.model import rotary_inv_freq
+
+WEIGHTS = ("fp32", "int8", "int4")
+INT4_GROUP = 32
+CACHE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins", "max_context_len")
+
+
+def _const(array: np.ndarray | list | float, dtype: type = np.int64) -> ov.Node:
+    return ops.constant(np.asarray(array, dtype=dtype))
+
+
+def compress_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[O, I] float -> int8 [O, I] and float32 scales [O, 1] (symmetric per output channel)."""
+    scale = np.abs(weight).max(axis=1, keepdims=True) / 127.0
+    scale[scale == 0] = 1.0
+    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
+
+
+def compress_int4(weight: np.ndarray, group: int = INT4_GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[O, I] float -> codes uint8 in [0, 15] [O, I/group, group], scales and minima float32 [O, I/group, 1]:
+    w ~= codes * scale + minimum (GGUF Q4_1's block form)."""
+    out_features, in_features = weight.shape
+    blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
+    low, high = blocks.min(axis=2, keepdims=True), blocks.max(axis=2, keepdims=True)
+    scale = (high - low) / 15.0
+    scale[scale == 0] = 1.0
+    codes = np.clip(np.rint((blocks - low) / scale), 0, 15).astype(np.uint8)
+    return codes, scale.astype(np.float32), low.astype(np.float32)
+
+
+def int4_supported(config: DecoderConfig) -> bool:
+    return all(width % INT4_GROUP == 0 for width in
+               (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim))
+
+
+def _weight(weight: np.ndarray, kind: str) -> ov.Node:
+    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS)."""
+    if kind == "fp32":
+        return _const(weight, np.float32)
+    if kind == "int8":
+        codes, scale = compress_int8(weight)
+        return ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
+    codes, scale, low = compress_int4(weight)
+    # (codes - zero_point) * scale with zero_point = -minimum / scale: the subtract-multiply form OpenVINO decompresses
+    packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))
+    flat = codes.reshape(-1)
+    packed.data[:] = flat[0::2] | (flat[1::2] << 4)  # two codes a byte, the first in the low nibble
+    packed = ov.op.Constant(packed)
+    zero_point = (-low / scale).astype(np.float32)
+    dequantized = ops.multiply(ops.subtract(ops.convert(packed, Type.f32), _const(zero_point, np.float32)),
+                               _const(scale, np.float32))
+    return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
+
+
+def _linear(x: ov.Node, weight: np.ndarray, kind: str, bias: np.ndarray | None = None) -> ov.Node:
+    out = ops.matmul(x, _weight(weight, kind), transpose_a=False, transpose_b=True)
+    return out if bias is None else ops.add(out, _const(bias, np.float32))
+
+
+def _rms_norm(x: ov.Node, weight: np.ndarray, eps: float) -> ov.Node:
+    variance = ops.reduce_mean(ops.power(x, _const(2.0, np.float32)), _const([-1]), keep_dims=True)
+    normed = ops.multiply(x, ops.divide(_const(1.0, np.float32), ops.sqrt(ops.add(variance, _const(eps, np.float32)))))
+    return ops.multiply(normed, _const(weight, np.float32))
+
+
+def _rotate(x: ov.Node, cos: ov.Node, sin: ov.Node, head_dim: int) -> ov.Node:
+    """Hugging Face's rotate_half: x * cos + cat(-x2, x1) * sin over [B, H, T, D]."""
+    first, second = ops.split(x, _const(-1), 2).outputs()
+    rotated = ops.concat([ops.negative(second), first], -1)
+    return ops.add(ops.multiply(x, cos), ops.multiply(rotated, sin))
+
+
+def _heads(x: ov.Node, heads: int, head_dim: int) -> ov.Node:
+    """[B, T, heads * D] -> [B, heads, T, D]."""
+    return ops.transpose(ops.reshape(x, _const([0, 0, heads, head_dim]), special_zero=True), _const([0, 2, 1, 3]))
+
+
+def _cache(current: ov.Node, beam_idx: ov.Node, batch: ov.Node, name: str, kv_heads: int, head_dim: int,
+           ) -> tuple[ov.Node, ov.Node]:
+    """The stateful form paged_attention_transformation matches: ReadValue -> Gather(beam_idx) -> Concat -> Assign."""
+    info = VariableInfo()
+    info.data_shape, info.data_type, info.variable_id = PartialShape([-1, kv_heads, -1, head_dim]), Type.f32, name
+    variable = Variable(info)
+    empty = ops.broadcast(_const(0.0, np.float32), ops.concat([batch, _const([kv_heads, 0, head_dim])], 0))
+    past = ops.gather(ops.read_value(empty, variable), beam_idx, _const(0))
+    joined = ops.concat([past, current], 2)
+    return joined, ops.assign(joined, variable)
+
+
+def _repeat_kv(x: ov.Node, groups: int, heads: int, head_dim: int) -> ov.Node:
+    """[B, Hkv, S, D] -> [B, Hkv * groups, S, D], each KV head repeated for its query heads."""
+    if groups == 1:
+        return x
+    shape = ops.shape_of(x)
+    expanded = ops.broadcast(ops.unsqueeze(x, _const([2])), ops.concat([
+        ops.gather(shape, _const([0, 1]), _const(0)), _const([groups]), ops.gather(shape, _const([2, 3]), _const(0))], 0))
+    return ops.reshape(expanded, _const([0, heads, -1, head_dim]), special_zero=True)
+
+
+def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], weights: str = "fp32") -> ov.Model:
+    """The paged OpenVINO model of the checkpoint tensors `state` (Hugging Face names without `model.`,
+    float32 numpy arrays); `weights` in WEIGHTS."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if weights == "int4" and not int4_supported(config):
+        raise ValueError(f"int4 weights need layer widths that are multiples of {INT4_GROUP}")
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    input_ids = ops.parameter([-1, -1], Type.i64, name="input_ids")
+    attention_mask = ops.parameter([-1, -1], Type.i64, name="attention_mask")
+    position_ids = ops.parameter([-1, -1], Type.i64, name="position_ids")
+    beam_idx = ops.parameter([-1], Type.i32, name="beam_idx")
+    logits_indices = ops.parameter([-1], Type.i64, name="logits_indices")
+    batch = ops.gather(ops.shape_of(input_ids), _const([0]), _const(0))
+
+    inv_freq = rotary_inv_freq(config).numpy().astype(np.float32)
+    freqs = ops.multiply(ops.unsqueeze(ops.convert(position_ids, Type.f32), _const([-1])), _const(inv_freq, np.float32))
+    angles = ops.unsqueeze(ops.concat([freqs, freqs], -1), _const([1]))  # [B, 1, T, D]
+    cos, sin = ops.cos(angles), ops.sin(angles)
+    # an additive mask from attention_mask, as exports carry; the paged form drops it (its attention is causal)
+    mask = ops.convert(ops.unsqueeze(attention_mask, _const([1, 2])), Type.f32)
+    mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
+
+    x = ops.gather(_const(state["embed_tokens.weight"], np.float32), input_ids, _const(0))
+    sinks = []
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        bias = (lambda name: state.get(p + name)) if config.attention_bias else (lambda name: None)
+        h = _rms_norm(x, state[p + "input_layernorm.weight"], config.rms_norm_eps)
+        q = _heads(_linear(h, state[p + "self_attn.q_proj.weight"], weights, bias("self_attn.q_proj.bias")), heads, head_dim)
+        k = _heads(_linear(h, state[p + "self_attn.k_proj.weight"], weights, bias("self_attn.k_proj.bias")), kv_heads, head_dim)
+        v = _heads(_linear(h, state[p + "self_attn.v_proj.weight"], weights, bias("self_attn.v_proj.bias")), kv_heads, head_dim)
+        q, k = _rotate(q, cos, sin, head_dim), _rotate(k, cos, sin, head_dim)
+        keys, key_sink = _cache(k, beam_idx, batch, f"past_key_values.{i}.key", kv_heads, head_dim)
+        values, value_sink = _cache(v, beam_idx, batch, f"past_key_values.{i}.value", kv_heads, head_dim)
+        sinks += [key_sink, value_sink]
+        attended = ops.scaled_dot_product_attention(
+            q, _repeat_kv(keys, heads // kv_heads, heads, head_dim), _repeat_kv(values, heads // kv_heads, heads, head_dim),
+            mask, _const(head_dim**-0.5, np.float32), causal=False)
+        attended = ops.reshape(ops.transpose(attended, _const([0, 2, 1, 3])), _const([0, 0, heads * head_dim]),
+                               special_zero=True)
+        x = ops.add(x, _linear(attended, state[p + "self_attn.o_proj.weight"], weights))
+        h = _rms_norm(x, state[p + "post_attention_layernorm.weight"], config.rms_norm_eps)
+        gate = _linear(h, state[p + "mlp.gate_proj.weight"], weights)
+        up = _linear(h, state[p + "mlp.up_proj.weight"], weights)
+        x = ops.add(x, _linear(ops.multiply(ops.swish(gate), up), state[p + "mlp.down_proj.weight"], weights))
+    # only the rows' last tokens go on: [B, T, hidden] -> [B*T, hidden] -> [rows, hidden]
+    flat = ops.reshape(x, _const([-1, config.hidden_size]), special_zero=False)
+    last = ops.gather(flat, logits_indices, _const(0))
+    head = state["embed_tokens.weight"] if config.tie_word_embeddings else state["lm_head.weight"]
+    # int4 leaves lm_head at int8 (as OpenVINO's weight compression does): its rows are the logits themselves
+    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head, "int8" if weights == "int4" else weights)
+    result = ops.result(logits, name="logits")
+    result.get_output_tensor(0).set_names({"logits"})
+    model = ov.Model([result], sinks, [input_ids, attention_mask, position_ids, beam_idx, logits_indices], "zerocheck")
+    paged_attention_transformation(model)
+    names = {parameter.get_friendly_name() for parameter in model.get_parameters()}
+    missing = [name for name in (*CACHE_INPUTS, "key_cache.0", "value_cache.0") if name not in names]
+    if missing:
+        raise RuntimeError(f"OpenVINO {ov.__version__}'s paged_attention_transformation left no inputs {missing}: "
+                           "the attention pattern was not matched")
+    return model
