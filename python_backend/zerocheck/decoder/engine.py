@@ -20,6 +20,7 @@ from zerocheck.decoder.backends import StepFunction, onnxruntime_step, tensorrt_
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
+from zerocheck.decoder.openvino_graph import GROUP, groups_supported
 from zerocheck.decoder.openvino_paged import PagedOpenVINO, load_paged_openvino
 from zerocheck.decoder.packed import PackedTransformer, int4_supported, packing_available
 from zerocheck.decoder.prefix_cache import PrefixCache
@@ -365,7 +366,13 @@ def load_decoder(
     tensorrt_ready = (root / TENSORRT_PLAN).is_file() and importlib.util.find_spec("tensorrt") is not None
     backend = choose_backend(backend, dtype, device, cuda, tensorrt_ready)
     device = choose_device(device, backend, cuda)
-    dtype = choose_dtype(dtype, backend, flags, device)
+    requested_dtype, dtype = dtype, choose_dtype(dtype, backend, flags, device)
+    if backend == "openvino" and dtype in ("int8", "int4") and not groups_supported(config):
+        if requested_dtype != "auto":
+            raise ValueError(f"dtype {dtype} needs layer widths that are multiples of {GROUP}: this model's are "
+                             f"{config.hidden_size}, {config.intermediate_size}, {config.num_heads * config.head_dim}")
+        print(f"decoder: this model's layer widths are not multiples of {GROUP}: dtype auto is fp32, not {dtype}")
+        dtype = "fp32"
     packed = backend == "torch" and device == "cpu" and dtype == "bf16" and packing  # `PackedTransformer`
     if backend == "torch":
         if num_threads:

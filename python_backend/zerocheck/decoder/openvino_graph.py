@@ -100,9 +100,10 @@ def _rms_norm(x: ov.Node, weight: np.ndarray, eps: float) -> ov.Node:
 
 
 def _rotate(x: ov.Node, cos: ov.Node, sin: ov.Node, head_dim: int) -> ov.Node:
-    """Hugging Face's rotate_half: x * cos + cat(-x2, x1) * sin over [B, H, T, D]."""
-    first, second = ops.split(x, _const(-1), 2).outputs()
-    rotated = ops.concat([ops.negative(second), first], -1)
+    """Hugging Face's rotate_half over [B, H, T, D]: x * cos + cat(-x2, x1) * sin, written as the pattern the
+    CPU plugin fuses into one RoPE op (a VariadicSplit on axis 3, a multiply by -1)."""
+    first, second = ops.variadic_split(x, _const(3), _const([head_dim // 2, head_dim // 2])).outputs()
+    rotated = ops.concat([ops.multiply(second, _const(-1.0, np.float32)), first], -1)
     return ops.add(ops.multiply(x, cos), ops.multiply(rotated, sin))
 
 
@@ -160,11 +161,14 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     sinks = []
     for i in range(config.num_layers):
         p = f"layers.{i}."
-        bias = (lambda name: state.get(p + name)) if config.attention_bias else (lambda name: None)
         h = _rms_norm(x, state[p + "input_layernorm.weight"], config.rms_norm_eps)
-        q = _heads(_linear(h, state[p + "self_attn.q_proj.weight"], weights, bias("self_attn.q_proj.bias")), heads, head_dim)
-        k = _heads(_linear(h, state[p + "self_attn.k_proj.weight"], weights, bias("self_attn.k_proj.bias")), kv_heads, head_dim)
-        v = _heads(_linear(h, state[p + "self_attn.v_proj.weight"], weights, bias("self_attn.v_proj.bias")), kv_heads, head_dim)
+        # q, k and v (and below gate and up) as one matrix multiply each: fewer, larger calls
+        projections = [p + f"self_attn.{name}_proj." for name in "qkv"]
+        qkv = _linear(h, np.concatenate([state[name + "weight"] for name in projections]), weights,
+                      np.concatenate([state[name + "bias"] for name in projections]) if config.attention_bias else None)
+        widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        q, k, v = ops.variadic_split(qkv, _const(-1), _const(widths)).outputs()
+        q, k, v = _heads(q, heads, head_dim), _heads(k, kv_heads, head_dim), _heads(v, kv_heads, head_dim)
         q, k = _rotate(q, cos, sin, head_dim), _rotate(k, cos, sin, head_dim)
         keys, key_sink = _cache(k, beam_idx, batch, f"past_key_values.{i}.key", kv_heads, head_dim)
         values, value_sink = _cache(v, beam_idx, batch, f"past_key_values.{i}.value", kv_heads, head_dim)
@@ -176,8 +180,8 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
                                special_zero=True)
         x = ops.add(x, _linear(attended, state[p + "self_attn.o_proj.weight"], weights))
         h = _rms_norm(x, state[p + "post_attention_layernorm.weight"], config.rms_norm_eps)
-        gate = _linear(h, state[p + "mlp.gate_proj.weight"], weights)
-        up = _linear(h, state[p + "mlp.up_proj.weight"], weights)
+        gate_up = _linear(h, np.concatenate([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]]), weights)
+        gate, up = ops.split(gate_up, _const(-1), 2).outputs()
         x = ops.add(x, _linear(ops.multiply(ops.swish(gate), up), state[p + "mlp.down_proj.weight"], weights))
     # only the rows' last tokens go on: [B, T, hidden] -> [B*T, hidden] -> [rows, hidden]
     flat = ops.reshape(x, _const([-1, config.hidden_size]), special_zero=False)

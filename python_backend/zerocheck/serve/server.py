@@ -89,6 +89,7 @@ class TritonServer:
         self._log_file = Path(log_file).absolute() if log_file else None
         self._process: subprocess.Popen[bytes] | None = None
         self._shm_regions: set[str] = set()
+        self._stubs: list[psutil.Process] = []  # as they were once ready: a server that died leaves them orphaned
         self._bound = False
 
     # -- addresses -------------------------------------------------------------------------------------------
@@ -217,6 +218,7 @@ class TritonServer:
                     self._fail(f"model(s) UNAVAILABLE: {unavailable}")
                 if self._health_ready():
                     self._shm_regions |= live_stub_regions(self.pid)
+                    self._stubs = server_processes(self.pid)
                     return
             if time.monotonic() > deadline:
                 self._fail(f"not ready after {timeout:.0f} s")
@@ -267,7 +269,7 @@ class TritonServer:
         process = self._process
         if process is None:
             return None
-        children = server_processes(process.pid)
+        children = list({child.pid: child for child in [*self._stubs, *server_processes(process.pid)]}.values())
         self._shm_regions |= live_stub_regions(process.pid)
         if process.poll() is None:
             _signal_group(process.pid, signal.SIGTERM)
