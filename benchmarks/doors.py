@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import platform
 import queue
 import re
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from machine import commit, cpu
 from zerocheck import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,20 +217,6 @@ def run(stack, doors: list[str], requests: int, tokens: int, offset: int) -> dic
             "decoder_requests_per_execute": delta["decoder_requests"] / max(1.0, delta["decoder_executes"]),
             "decoder_rows_per_execute": delta["decoder_rows"] / max(1.0, delta["decoder_executes"]),
             "by_door": {door: len([s for s in good if s.door == door]) for door in DOORS}}
-
-
-def cpu() -> dict[str, str]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"model name\s*:\s*(.*)", info)
-    flags = re.search(r"flags\s*:\s*(.*)", info)
-    wanted = [f for f in (flags[1].split() if flags else []) if re.match(r"avx|amx|fma|f16c", f)]
-    return {"model": model[1] if model else platform.processor(), "flags": " ".join(sorted(set(wanted))),
-            "cores": str(len(re.findall(r"^processor", info, re.M)))}
-
-
-def commit() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown"
 
 
 def main() -> int:

