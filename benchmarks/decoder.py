@@ -1,4 +1,4 @@
-"""Decoder step latency (torch fp32, torch bf16, onnxruntime fp32) and the sampler's share of a full
+"""Decoder step latency (openvino int8 / int4 / fp32, torch fp32 / bf16) and the sampler's share of a full
 decode step.
 
     python benchmarks/decoder.py [--artifacts artifacts] [--artifacts-128k artifacts-128k] [--steps 20]
@@ -28,13 +28,13 @@ import torch
 
 from zerocheck import paths
 from zerocheck.decoder import DecoderEngine, StepRequest, load_decoder
-from zerocheck.decoder.engine import BF16_CPU_FLAGS, ONNX_INT8_FILE, cpu_flags, variant_options
+from zerocheck.decoder.engine import BF16_CPU_FLAGS, cpu_flags, variant_options
 from zerocheck.serve.binary import THREAD_ENVIRONMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
-VARIANTS = ["torch:fp32", "torch:bf16", "torch:bf16+int4", "torch:bf16+int4+int8head", "onnxruntime:fp32",
-            "onnxruntime:int8"]
+VARIANTS = ["openvino:int8", "openvino:int4", "openvino:fp32", "torch:fp32", "torch:bf16", "torch:bf16+int4",
+            "torch:bf16+int4+int8head"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--artifacts-128k", type=Path, default=REPO_ROOT / "artifacts-128k")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=None, help="torch / onnxruntime intra-op threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch / OpenVINO threads")
     parser.add_argument("--rounds", type=int, default=2, help="alternating subprocess rounds per backend")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS, help="backend:dtype to measure")
     parser.add_argument("--measure", choices=VARIANTS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
@@ -129,8 +129,7 @@ def main() -> None:
         print(json.dumps(measure_backend(args.artifacts, args.measure, args.batches, args.steps, args.threads)))
         return
     bf16 = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
-    int8 = (args.artifacts / ONNX_INT8_FILE).is_file()
-    variants = [v for v in args.variants if (bf16 or "bf16" not in v) and (int8 or not v.endswith("int8"))]
+    variants = [v for v in args.variants if bf16 or "bf16" not in v]
     results = backend_table(args.artifacts, variants, args.batches, args.steps, args.threads, args.rounds)
     totals = {variant: sum(results[variant, batch] for batch in args.batches) for variant in variants}
     fastest = min(totals, key=totals.get)

@@ -8,7 +8,6 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
                        weights on a CPU), the zero-check path, over gRPC (`zerocheck.clients`)
   zerocheck checked    the same server's checked chain (softmax, sort, cumulative sums, multinomial)
   zerocheck fp32       the exact path (`backend: openvino`, `dtype: fp32`)
-  zerocheck onnxruntime   `backend: onnxruntime`, `dtype: fp32`
   OpenVINO GenAI       `ContinuousBatchingPipeline` on the packaged GGUF (Q4_1), in-process, its own sampler
                        (paged KV cache, u8, dynamic split-fuse, prefix caching)
   llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
@@ -268,8 +267,6 @@ SYSTEMS = {
     "zerocheck": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
     "zerocheck checked": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None, zerocheck=False),
     "zerocheck fp32": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"backend": "openvino", "dtype": "fp32"}),
-    "zerocheck onnxruntime": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens,
-                                                       {"backend": "onnxruntime", "dtype": "fp32"}),
     "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens),
     "llama.cpp": lambda a: llama_server_rates(a.llama_server, a.streams, a.tokens),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens),

@@ -1,7 +1,7 @@
-"""Reduced precision (bf16, bf16 with int4 weights and an int8 lm_head in one-row steps, int8 weights) against fp32
-on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
+"""Reduced precision (openvino int8 and int4 weights; torch bf16, bf16 with int4 weights and an int8 lm_head in
+one-row steps) against fp32 on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
 
-    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants torch:bf16+int4+int8head]
+    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8]
 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--variants", nargs="+",
-                        default=["torch:bf16", "torch:bf16+int4", "torch:bf16+int4+int8head", "onnxruntime:int8"],
+                        default=["openvino:int8", "openvino:int4", "openvino:fp32", "torch:bf16",
+                                 "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
                              "steps (all decode steps here are one row)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "precision.json")

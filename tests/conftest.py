@@ -109,10 +109,10 @@ def triton_server(tritonserver_binary: Path) -> Iterator[ServingStack]:
 @pytest.fixture(scope="session")
 def real_server(tritonserver_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingStack]:
     """The serving stack over the default model (SmolLM2-135M-Instruct), started once per session, its
-    decoder pinned to onnxruntime fp32 (the exact path: the parity tests compare its greedy tokens with
-    transformers; `auto` is bf16 on CPUs with AMX)."""
+    decoder pinned to openvino fp32 (the exact path: the parity tests compare its greedy tokens with
+    transformers; `auto` is int8)."""
     # a step's prompt budget of 128 tokens: test_real_model's longest prompt is prefilled in chunks
-    repository = copied_repository(tmp_path_factory.mktemp("real"), decoder={"backend": "onnxruntime", "dtype": "fp32"},
+    repository = copied_repository(tmp_path_factory.mktemp("real"), decoder={"backend": "openvino", "dtype": "fp32"},
                                    generate={"prefill_tokens_per_step": "128"})
     yield from serving_stack(tritonserver_binary, real_artifacts_dir(), repository)
 

@@ -124,8 +124,7 @@ def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("requested, backend, flags, chosen", [
     ("auto", "torch", {"avx512f", "amx_bf16"}, "bf16"), ("auto", "torch", {"avx512_bf16"}, "bf16"),
-    ("auto", "torch", {"avx2"}, "fp32"), ("auto", "onnxruntime", {"amx_bf16"}, "fp32"),
-    ("auto", "onnxruntime", {"avx512_vnni", "amx_int8"}, "fp32"), ("int8", "onnxruntime", set(), "int8"),
+    ("auto", "torch", {"avx2"}, "fp32"), ("auto", "tensorrt", {"amx_bf16"}, "fp32"),
     ("fp32", "torch", {"amx_bf16"}, "fp32"), ("bf16", "torch", set(), "bf16"), ("auto", "openvino", {"avx2"}, "int8"),
     ("auto", "openvino", {"amx_bf16"}, "int8"), ("int4", "openvino", set(), "int4")])
 def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) -> None:
@@ -137,7 +136,7 @@ def test_dtype_is_chosen_once_from_the_cpu(requested, backend, flags, chosen) ->
     ("auto", "auto", "cpu", True, "openvino"), ("auto", "fp32", "auto", False, "openvino"),
     ("auto", "fp32", "cuda", True, "torch"), ("auto", "bf16", "auto", False, "torch"),
     ("auto", "int8", "auto", True, "openvino"), ("auto", "int4", "auto", False, "openvino"),
-    ("onnxruntime", "auto", "auto", False, "onnxruntime"), ("torch", "fp32", "cpu", False, "torch")])
+    ("openvino", "auto", "auto", True, "openvino"), ("torch", "fp32", "cpu", False, "torch")])
 def test_backend_is_chosen_once_for_dtype_and_device(requested, dtype, device, cuda, chosen) -> None:
     assert choose_backend(requested, dtype, device, cuda) == chosen
 
@@ -167,13 +166,13 @@ def test_the_tensorrt_backend_runs_on_cuda_only(tmp_path: Path) -> None:
 
 
 def test_bad_dtype_requests_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="backend must be one of auto, torch, onnxruntime, tensorrt, openvino, got 'trt'"):
+    with pytest.raises(ValueError, match="backend must be one of auto, openvino, torch, tensorrt, got 'trt'"):
         choose_backend("trt", "auto", "auto", False)
     with pytest.raises(ValueError, match="dtype must be one of auto, fp32, bf16, int8, int4, got 'fp16'"):
         choose_dtype("fp16", "torch", set())
-    with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got onnxruntime"):
-        choose_dtype("bf16", "onnxruntime", {"amx_bf16"})
-    with pytest.raises(ValueError, match="dtype int8 needs backend onnxruntime or openvino, got torch"):
+    with pytest.raises(ValueError, match="dtype bf16 needs backend torch, got openvino"):
+        choose_dtype("bf16", "openvino", {"amx_bf16"})
+    with pytest.raises(ValueError, match="dtype int8 needs backend openvino, got torch"):
         choose_dtype("int8", "torch", {"amx_int8"})
 
 
@@ -183,8 +182,8 @@ def test_bad_dtype_requests_are_clear_errors() -> None:
                          "int8_lm_head_single_row": False}),
     ("torch:bf16+int4+int8head", {"backend": "torch", "dtype": "bf16", "int4_single_row": True,
                                   "int8_lm_head_single_row": True}),
-    ("onnxruntime:fp32", {"backend": "onnxruntime", "dtype": "fp32", "int4_single_row": False,
-                          "int8_lm_head_single_row": False}),
+    ("openvino:fp32", {"backend": "openvino", "dtype": "fp32", "int4_single_row": False,
+                       "int8_lm_head_single_row": False}),
 ])
 def test_benchmark_variants_name_load_options(variant: str, options: dict) -> None:
     assert variant_options(variant) == options
@@ -194,11 +193,6 @@ def test_benchmark_variants_name_load_options(variant: str, options: dict) -> No
 def test_bad_benchmark_variants_are_refused(variant: str) -> None:
     with pytest.raises(ValueError, match="backend:dtype"):
         variant_options(variant)
-
-
-def test_int8_needs_its_build(artifacts: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="decoder.int8.onnx is missing: build with --int8"):
-        load_decoder(artifacts, backend="onnxruntime", dtype="int8")
 
 
 def test_bf16_engine_follows_fp32_through_its_cache(artifacts: Path) -> None:

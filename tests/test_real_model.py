@@ -3,7 +3,7 @@
 - Greedy parity: 10 prompts (5 plain, 5 chat), 48 greedy tokens from the server on both sampler
   paths and both decoder backends against transformers' `generate(do_sample=False)` on the same
   weights. A prompt that differs is reported with the first differing position and transformers'
-  logit gap there (a near-tie that ONNX numerics may flip); at least 9 of 10 must be identical.
+  logit gap there (a near-tie that another backend's numerics may flip); at least 9 of 10 must be identical.
 - Chat: the server's prompt is `apply_chat_template(...)`'s, token for token; the reply is the
   assistant's text only and ends at the template's end-of-turn token.
 - Seeded sampling is reproducible whatever the request's batch position.
@@ -52,7 +52,7 @@ CHATS = [
     [{"role": "user", "content": "Explain in one sentence what a CPU does."}],
 ]
 PROMPTS = [("plain", p) for p in PLAIN] + [("chat", c) for c in CHATS]
-BACKENDS = ("onnxruntime", "torch")
+BACKENDS = ("openvino", "torch")
 PATHS = {"zero_check": "on", "checked": "off"}
 
 
@@ -97,8 +97,8 @@ def reference(hf):
 @pytest.fixture(scope="module", params=BACKENDS)
 def served(request, tritonserver_binary, artifacts, tmp_path_factory):
     """(backend, server): the model repository with the decoder on `backend` in fp32, over the real model
-    (the session's `real_server` for onnxruntime)."""
-    if request.param == "onnxruntime":
+    (the session's `real_server` for openvino)."""
+    if request.param == "openvino":
         yield request.param, request.getfixturevalue("real_server")
         return
     repository = conftest.copied_repository(tmp_path_factory.mktemp(request.param),  # fp32: auto is bf16 on AMX

@@ -33,9 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tiny.add_argument("--intermediate", type=int, default=None, help="SwiGLU width (default 8/3 hidden, multiple of 64)")
     tiny.add_argument("--corpus-files", dest="tokenizer_corpus_files", type=int, default=None,
                       help="train the tokenizer on the first N stdlib files (default all)")
-    parser.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True, help="export + verify decoder.onnx (default on)")
-    parser.add_argument("--int8", action="store_true",
-                        help="also write decoder.int8.onnx (int8 weights; the decoder's dtype int8: faster, less exact)")
+    parser.add_argument("--onnx", action="store_true",
+                        help="export + verify decoder.onnx, the step TensorRT builds from (--tensorrt exports it too)")
     parser.add_argument("--tensorrt", action="store_true", help="also build a TensorRT engine (GPU only)")
     parser.add_argument("--tensorrt-llm", action="store_true", help="also build a TensorRT-LLM engine (GPU only)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the artifacts are up to date")
@@ -50,7 +49,6 @@ def options_of(args: argparse.Namespace) -> BuildOptions:
         hf_checkpoint=str(args.hf_checkpoint) if args.hf_checkpoint else None,
         max_seq_len=args.max_seq_len,
         onnx=args.onnx,
-        int8=args.int8,
         tensorrt=args.tensorrt,
         tensorrt_llm=args.tensorrt_llm,
         **sizes,

@@ -26,8 +26,7 @@ class BuildOptions:
     gguf: str | None = None  # a GGUF file transformers reads (Llama family)
     hf_checkpoint: str | None = None  # a Hugging Face Llama/Qwen2/Mistral directory
     max_seq_len: int = 1024
-    onnx: bool = True
-    int8: bool = False  # also decoder.int8.onnx: int8 weights, for the decoder's opt-in dtype int8
+    onnx: bool = False  # decoder.onnx, the step TensorRT builds from (--tensorrt exports it too)
     tensorrt: bool = False
     tensorrt_llm: bool = False
     # the tiny model only:
@@ -41,8 +40,6 @@ class BuildOptions:
     tokenizer_corpus_files: int | None = None  # None: the whole standard library (tests use a few files)
 
     def __post_init__(self) -> None:
-        if self.int8 and not self.onnx:
-            raise ValueError("--int8 quantizes the ONNX export: drop --no-onnx")
         if self.gguf and self.hf_checkpoint:
             raise ValueError("--gguf and --hf-checkpoint name two models: give one")
         if self.model != TINY_MODEL and self.model not in PACKAGED_MODELS:

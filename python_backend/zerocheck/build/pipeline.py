@@ -1,4 +1,4 @@
-"""`build_artifacts`: model source -> Hugging Face directory -> ONNX step (+ TensorRT) -> manifest.json.
+"""`build_artifacts`: model source -> Hugging Face directory (-> ONNX step -> TensorRT) -> manifest.json.
 
 The source (zerocheck.build.sources) is a packaged model (default SmolLM2-135M-Instruct), a GGUF
 file, a Hugging Face checkpoint, or the seeded tiny model.
@@ -6,8 +6,7 @@ file, a Hugging Face checkpoint, or the seeded tiny model.
 Layout of the output directory:
   hf_model/   config.json, generation_config.json, model.safetensors, tokenizer.json,
               tokenizer_config.json, chat_template.jinja (when the model has one), ...
-  decoder.onnx                (with --onnx)
-  decoder.int8.onnx           (with --int8)
+  decoder.onnx                (with --onnx or --tensorrt)
   decoder.plan, tensorrt_llm/ (with --tensorrt / --tensorrt-llm, GPU only)
   manifest.json               written last; its presence means a complete build
 """
@@ -43,8 +42,8 @@ from zerocheck.build.tensorrt_engines import (
     require_gpu_package,
 )
 from zerocheck.decoder.config import DecoderConfig
-from zerocheck.decoder.engine import ONNX_FILE, ONNX_INT8_FILE, TENSORRT_PLAN
-from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff, quantize_int8
+from zerocheck.decoder.engine import ONNX_FILE, TENSORRT_PLAN
+from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR, load_tokenizer
 from zerocheck.tokenizer.training import (
@@ -143,15 +142,13 @@ def source_fingerprint(options: BuildOptions) -> dict:
 def _check_gpu_requirements(options: BuildOptions) -> None:
     if options.tensorrt:
         require_gpu_package("tensorrt", "--tensorrt")
-        if not options.onnx:
-            raise BuildError("--tensorrt builds from the ONNX export: drop --no-onnx")
     if options.tensorrt_llm:
         require_gpu_package("tensorrt_llm", "--tensorrt-llm")
 
 
 def _remove_previous_build(out_dir: Path) -> None:
     """Delete only what a build writes, so `--out` pointing at a busy directory loses nothing else."""
-    for name in (MANIFEST_FILE, MODEL_SUBDIR, ONNX_FILE, ONNX_INT8_FILE, TENSORRT_PLAN, TENSORRT_LLM_DIR):
+    for name in (MANIFEST_FILE, MODEL_SUBDIR, ONNX_FILE, TENSORRT_PLAN, TENSORRT_LLM_DIR):
         path = out_dir / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -171,7 +168,8 @@ def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -
     _remove_previous_build(out_dir)
     model_dir = out_dir / MODEL_SUBDIR
     model_dir.mkdir(parents=True)
-    progress = _Progress(2 + options.onnx + options.int8 + options.tensorrt + options.tensorrt_llm)
+    export = options.onnx or options.tensorrt  # TensorRT builds from the ONNX step
+    progress = _Progress(2 + export + options.tensorrt + options.tensorrt_llm)
 
     progress.step(f"model: {_describe_source(options)}")
     model_source, trained = _build_model(options, model_dir)
@@ -185,18 +183,14 @@ def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -
     progress.finished(f"{parameters / 1e6:.1f} M parameters")
 
     onnx_report = None
-    if options.onnx:
-        progress.step(f"onnx: export the decoder step to {ONNX_FILE} and check it with onnxruntime")
+    if export:
+        progress.step(f"onnx: export the decoder step to {ONNX_FILE} and check it in OpenVINO")
         export_onnx(model, out_dir / ONNX_FILE)
         diff = onnx_max_abs_diff(model, out_dir / ONNX_FILE)
         if diff > ONNX_TOLERANCE:
-            raise BuildError(f"onnxruntime differs from torch by {diff:.3g} > {ONNX_TOLERANCE:g}")
+            raise BuildError(f"the ONNX step differs from torch by {diff:.3g} > {ONNX_TOLERANCE:g}")
         onnx_report = {"file": ONNX_FILE, "max_abs_diff": diff, "tolerance": ONNX_TOLERANCE}
         progress.finished(f"max abs diff {diff:.3g}")
-    if options.int8:
-        progress.step(f"int8: quantize the decoder's weights into {ONNX_INT8_FILE}")
-        quantize_int8(out_dir / ONNX_FILE, out_dir / ONNX_INT8_FILE)
-        progress.finished()
     if options.tensorrt:
         progress.step("tensorrt: build decoder.plan from the ONNX step")
         build_tensorrt_engine(out_dir / ONNX_FILE, config, options.max_seq_len, out_dir)

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from zerocheck.decoder import attention_kernel
-from zerocheck.decoder.backends import StepFunction, onnxruntime_step, tensorrt_step, torch_step
+from zerocheck.decoder.backends import StepFunction, tensorrt_step, torch_step
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 from zerocheck.decoder.kv_cache import KVCachePool, SlotState
@@ -28,14 +28,13 @@ from zerocheck.decoder.threads import ThreadShare, set_forward_threads
 from zerocheck.decoder.weights import load_transformer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 
-ONNX_FILE = "decoder.onnx"
-ONNX_INT8_FILE = "decoder.int8.onnx"  # ONNX_FILE with int8 weights (dynamic quantization, build_engines.py)
+ONNX_FILE = "decoder.onnx"  # the step exported for TensorRT (build_engines.py --onnx / --tensorrt)
 TENSORRT_PLAN = "decoder.plan"  # ONNX_FILE as a TensorRT engine (build_engines.py --tensorrt, on a GPU)
-BACKENDS = ("torch", "onnxruntime", "tensorrt", "openvino")
+BACKENDS = ("openvino", "torch", "tensorrt")
 DEFAULT_BACKEND = "auto"  # choose_backend
 DTYPES = ("fp32", "bf16", "int8", "int4")  # weights; activations and KV cache: TORCH_DTYPES, openvino_paged's
-DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("onnxruntime", "openvino"), "int4": ("openvino",)}
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}  # activations, KV cache
+DTYPE_BACKENDS = {"fp32": BACKENDS, "bf16": ("torch",), "int8": ("openvino",), "int4": ("openvino",)}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the torch backends' activations and KV cache
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU multiplies bfloat16 natively
 
 
@@ -53,8 +52,7 @@ def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "c
     auto is int8 on openvino (layer weights in 8-bit groups of 32, lm_head int8 per row: greedy top-1 agrees
     with fp32 at 98.8 % of positions, benchmarks/precision.py, as int4's; the packaged model's Q4_1 weights come
     back exactly; faster than int4 from 8 rows a step up, about equal below), bf16 for the torch backend on CUDA
-    (where the GPU does bf16) or on a CPU with bf16 instructions (AMX or AVX512-BF16), else fp32. onnxruntime's
-    int8 (per-row weights, 87 % agreement) is never automatic."""
+    (where the GPU does bf16) or on a CPU with bf16 instructions (AMX or AVX512-BF16), else fp32."""
     if requested not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")
     if requested == "auto":
@@ -74,7 +72,8 @@ def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool
     """`requested` ("auto" or one of BACKENDS) made concrete for the requested `dtype` and `device`. auto
     is the faster one as measured (benchmarks/peers.py, benchmarks/decoder.py): on CUDA the TensorRT engine when
     it is built and `tensorrt` imports (`tensorrt_ready`; it is the fp32 export, so not for dtype bf16), else
-    torch; on a CPU openvino (the paged graph: 1.5-1.7x onnxruntime's tokens/s served at 1 to 32 streams), except
+    torch; on a CPU openvino (the paged graph: 1.5-1.8x the onnxruntime graph it replaced, served at 1 to 32
+    streams), except
     for dtype bf16, which the torch backend runs (packed weights where the CPU multiplies bf16 with oneDNN)."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {requested!r}")
@@ -94,7 +93,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
     """`requested` (auto | cpu | cuda | cuda:N, the GPU Triton gave a KIND_GPU instance) made concrete for
-    `backend`: the torch backend runs where asked, on CUDA for auto when torch sees a GPU; onnxruntime runs
+    `backend`: the torch backend runs where asked, on CUDA for auto when torch sees a GPU; openvino runs
     on the CPU here (auto picks the CPU for it); TensorRT runs on CUDA only."""
     kind, _, index = requested.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
@@ -105,7 +104,7 @@ def choose_device(requested: str, backend: str, cuda_available: bool) -> str:
         if not cuda_available:
             raise ValueError(f"{'backend tensorrt' if kind != 'cuda' else 'device cuda'} asked for, but torch sees "
                              "no CUDA device")
-        if backend in ("onnxruntime", "openvino"):
+        if backend == "openvino":
             raise ValueError(f"device cuda needs backend torch or tensorrt ({backend} runs on the CPU here), "
                              f"got {backend}")
     if requested == "auto":
@@ -406,16 +405,9 @@ def load_decoder(
             raise FileNotFoundError(f"{plan} is missing: build with --tensorrt (on a GPU) or use backend='torch'")
         step_fn = tensorrt_step(plan, device, max_slots, max_seq_len)
         kernels = plan.name
-    elif backend == "openvino":
+    else:
         step_fn = load_paged_openvino(model_dir, config, dtype, max_slots, max_seq_len, num_threads)
         kernels = f"OpenVINO {step_fn.describe()}"
-    else:
-        onnx_path = root / (ONNX_INT8_FILE if dtype == "int8" else ONNX_FILE)
-        if not onnx_path.is_file():
-            flag = "--int8" if dtype == "int8" else "--onnx"
-            raise FileNotFoundError(f"{onnx_path} is missing: build with {flag} or use backend='torch'")
-        step_fn = onnxruntime_step(onnx_path, num_threads)
-        kernels = onnx_path.name
     for option, asked in (("int4_single_row", int4_single_row), ("int8_lm_head_single_row", int8_lm_head_single_row)):
         if asked and not packed:
             print(f"decoder: {option} is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")

@@ -127,7 +127,7 @@ class DecoderParameters:
     max_slots: int
     max_seq_len: int  # 0: the build's
     idle_timeout_s: float
-    num_threads: int  # 0: onnxruntime's / torch's own choice
+    num_threads: int  # 0: OpenVINO's / torch's own choice
     omp_spin_count: int  # GOMP_SPINCOUNT of the decoder's process (`zerocheck.triton.openmp`); 0: the server's
     metrics_interval_s: float
     test_fail_token: int = -1  # test-only: a forward whose tokens hold it raises
