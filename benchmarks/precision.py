@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
+from machine import commit, cpu
 from zerocheck import paths
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.engine import variant_options
@@ -96,7 +98,9 @@ def main() -> None:
               f"free-running greedy identical for {result['identical_free_running']}/{result['prompts']} prompts")
         results[variant] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    command = " ".join(["benchmarks/precision.py", *sys.argv[1:]])
+    args.out.write_text(json.dumps({"command": command, "cpu": cpu(), "commit": commit(), "variants": results},
+                                   indent=2) + "\n")
 
 
 if __name__ == "__main__":
