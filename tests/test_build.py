@@ -16,7 +16,7 @@ from zerocheck.cli import main as zerocheck_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_FLAGS = ["--tiny", "--vocab-size", "600", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
-              "--max-seq-len", "16", "--corpus-files", "5", "--no-onnx"]
+              "--max-seq-len", "16", "--corpus-files", "5"]
 
 
 def run_build(out: Path, *extra: str) -> int:
@@ -33,7 +33,7 @@ def test_defaults_match_the_issue() -> None:
     args = parse()
     options = cli.options_of(args)
     assert options.source == "smollm2-135m-instruct" and options.max_seq_len == 1024
-    assert args.onnx and not args.tensorrt and not args.tensorrt_llm and not args.force
+    assert not args.onnx and not args.tensorrt and not args.tensorrt_llm and not args.force
     assert args.out is None  # run() writes to zerocheck.paths.artifacts_dir()
     tiny = cli.options_of(parse("--tiny"))
     assert tiny.source == "tiny"
@@ -127,7 +127,7 @@ def test_zerocheck_cli_dispatch(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_build_engines_script_help() -> None:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "build_engines.py"), "--help"],
                             capture_output=True, text=True, check=True)
-    assert "--hf-checkpoint" in result.stdout and "--no-onnx" in result.stdout
+    assert "--hf-checkpoint" in result.stdout and "--onnx" in result.stdout
 
 
 def test_changed_checkpoint_triggers_a_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +135,7 @@ def test_changed_checkpoint_triggers_a_rebuild(tmp_path: Path, capsys: pytest.Ca
 
     run_build(tmp_path / "first")
     checkpoint = tmp_path / "first" / "hf_model"  # any HF directory serves as a checkpoint
-    options = BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=16, onnx=False)
+    options = BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=16)
     build_artifacts(options, tmp_path / "second")
     capsys.readouterr()
     build_artifacts(options, tmp_path / "second")

@@ -44,7 +44,7 @@ def write_checkpoint(directory: Path, config) -> Path:
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifacts")
     options = BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=64,
-                           onnx=False, tokenizer_corpus_files=20)
+                           tokenizer_corpus_files=20)
     build_artifacts(options, out)
     return out
 
@@ -95,7 +95,7 @@ def test_hf_save_load_round_trip(artifacts: Path, tmp_path: Path) -> None:
 )
 def test_hf_checkpoint_build(tmp_path: Path, config) -> None:
     checkpoint = write_checkpoint(tmp_path / "checkpoint", config)
-    manifest = build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64, onnx=False), tmp_path / "out")
+    manifest = build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64), tmp_path / "out")
     assert manifest["vocab_size"] == 512 and manifest["model"]["model_type"] == config.model_type
     hf = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     engine = load_decoder(tmp_path / "out", backend="torch", dtype="fp32")
@@ -116,7 +116,7 @@ def test_unsupported_configs_are_clear_errors(artifacts: Path) -> None:
 
 def test_sliding_window_longer_than_max_seq_len_is_refused(tmp_path: Path) -> None:
     checkpoint = write_checkpoint(tmp_path / "checkpoint", MistralConfig(**TINY, sliding_window=32))
-    build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64, onnx=False), tmp_path / "out")
+    build_artifacts(BuildOptions(hf_checkpoint=str(checkpoint), max_seq_len=64), tmp_path / "out")
     with pytest.raises(ValueError, match="sliding_window 32"):
         load_decoder(tmp_path / "out", backend="torch")
     assert load_decoder(tmp_path / "out", backend="torch", max_seq_len=32).pool.max_seq_len == 32

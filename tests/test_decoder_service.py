@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifacts")
-    build_artifacts(BuildOptions(model="tiny", vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, max_seq_len=32, onnx=False,
+    build_artifacts(BuildOptions(model="tiny", vocab_size=512, layers=1, hidden=32, heads=2, kv_heads=1, max_seq_len=32,
                                  tokenizer_corpus_files=5), out)
     return out
 

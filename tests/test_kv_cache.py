@@ -32,7 +32,7 @@ class FakeClock:
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifacts")
     options = BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=32,
-                           onnx=False, tokenizer_corpus_files=20)
+                           tokenizer_corpus_files=20)
     build_artifacts(options, out)
     return out
 

@@ -90,7 +90,7 @@ def test_the_engine_packs_bf16_on_this_cpu_and_decodes_as_the_module(tmp_path) -
     from zerocheck.build import BuildOptions, build_artifacts
 
     options = BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2, max_seq_len=64,
-                           onnx=False, tokenizer_corpus_files=5)
+                           tokenizer_corpus_files=5)
     build_artifacts(options, tmp_path)
     packed = load_decoder(tmp_path, backend="torch", max_slots=2, dtype="bf16")
     assert isinstance(packed._step_fn, PackedTransformer) and packed.pool.keys.dtype == torch.bfloat16

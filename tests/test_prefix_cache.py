@@ -53,7 +53,7 @@ def artifacts(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("prefix")
     build_artifacts(BuildOptions(model="tiny", vocab_size=512, layers=2, hidden=64, heads=4, kv_heads=2,
-                                 max_seq_len=64, onnx=False, tokenizer_corpus_files=5), root)
+                                 max_seq_len=64, tokenizer_corpus_files=5), root)
     return root
 
 
