@@ -337,10 +337,10 @@ def main() -> int:
         print(f"{name}: {ratio:.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["benchmarks/peers.py", *sys.argv[1:]])
+    machine = cpu()
     (args.out / "peers.json").write_text(json.dumps(
         {"command": command, "cpu": machine, "commit": commit(), "tokens": args.tokens, "streams": args.streams,
          "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")
-    machine = cpu()
     chart(results, args.streams, args.out / "peers.png",
           f"SmolLM2-135M-Instruct, {machine['model']}, {machine['cores']} cores ({machine['flags']})")
     print(f"wrote {args.out / 'peers.json'} and {args.out / 'peers.png'}")
