@@ -23,7 +23,7 @@ from zerocheck.loadtests.targets import (DEFAULT_GRPC_URL, DEFAULT_HTTP_URL, DEF
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"grpc": ["GrpcStreamUser"], "http": ["HttpStreamUser"], "openai": ["OpenAIStreamUser"],
-                "both": ["GrpcStreamUser", "HttpStreamUser"]}
+                "anthropic": ["AnthropicStreamUser"], "both": ["GrpcStreamUser", "HttpStreamUser"]}
 STOP_TIMEOUT_S = 60  # in-flight requests finish when users stop, so the server's counters match Locust's
 
 
@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampler path; ab alternates per request (request names carry the path)")
     parser.add_argument("--protocol", choices=tuple(USER_CLASSES), default="both", help="which users run")
     parser.add_argument("--url", default=None, help="host:port of the chosen --protocol (grpc or http), or the "
-                                                    "OpenAI API's base URL (http://host:port/v1)")
+                                                    "OpenAI API's base URL (http://host:port/v1; the Anthropic "
+                                                    "API is served on the same port)")
     parser.add_argument("--grpc-url", default=DEFAULT_GRPC_URL)
     parser.add_argument("--http-url", default=DEFAULT_HTTP_URL)
     parser.add_argument("--openai-url", default=DEFAULT_OPENAI_URL)
@@ -66,8 +67,9 @@ def targets_of(args: argparse.Namespace) -> Targets:
     urls = {"grpc": args.grpc_url, "http": args.http_url, "openai": args.openai_url}
     if args.url:
         if args.protocol == "both":
-            raise ValueError("--url needs --protocol grpc, http or openai; use --grpc-url and --http-url for both")
-        urls[args.protocol] = args.url
+            raise ValueError("--url needs --protocol grpc, http, openai or anthropic; use --grpc-url and --http-url "
+                             "for both")
+        urls["openai" if args.protocol == "anthropic" else args.protocol] = args.url
     return Targets(urls["grpc"], urls["http"], args.metrics_url, urls["openai"])
 
 

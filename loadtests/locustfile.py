@@ -1,4 +1,4 @@
-"""Locust entry point for zerocheck: gRPC, HTTP and OpenAI-API streaming users, a profile-driven shape, the request log.
+"""Locust entry point for zerocheck: gRPC, HTTP, OpenAI-API and Anthropic-API streaming users, a profile-driven shape, the request log.
 
   python -m locust -f loadtests/locustfile.py --headless --load-profile ramp --zerocheck ab
 (or `zerocheck load`, which also writes the summary). Options: zerocheck.loadtests.options."""
@@ -16,11 +16,11 @@ from zerocheck.loadtests.profiles import ProfileError
 from zerocheck.loadtests.request_log import RequestLog
 from zerocheck.loadtests.shapes import ProfileShape
 from zerocheck.loadtests.targets import RemoteTargetRefused
-from zerocheck.loadtests.users import GrpcStreamUser, HttpStreamUser, OpenAIStreamUser
+from zerocheck.loadtests.users import AnthropicStreamUser, GrpcStreamUser, HttpStreamUser, OpenAIStreamUser
 
 grpc_gevent.init_gevent()  # gRPC's C core must yield to gevent (Locust has monkey-patched the process)
 
-__all__ = ["GrpcStreamUser", "HttpStreamUser", "OpenAIStreamUser", "ProfileShape"]
+__all__ = ["AnthropicStreamUser", "GrpcStreamUser", "HttpStreamUser", "OpenAIStreamUser", "ProfileShape"]
 
 
 @events.init_command_line_parser.add_listener

@@ -1,6 +1,7 @@
 """Locust users that stream generations: `GrpcStreamUser` (tritonclient.grpc bidirectional stream),
-`HttpStreamUser` (POST .../generate_stream, server-sent events) and `OpenAIStreamUser` (the OpenAI API's
-chat completions, server-sent events). Both time every token themselves and report
+`HttpStreamUser` (POST .../generate_stream, server-sent events), `OpenAIStreamUser` (the OpenAI API's
+chat completions, server-sent events) and `AnthropicStreamUser` (the Anthropic Messages API's events).
+Each times every token itself and reports
 through `fire_request_events`; the request name carries the sampler path, e.g. `generate_stream[zero_check]`.
 
 The locustfile must call `grpc.experimental.gevent.init_gevent()` before a gRPC user starts."""
@@ -16,6 +17,7 @@ import numpy as np
 import requests
 from locust import User, constant, task
 
+from zerocheck.api.headers import BETA_HEADER, ZERO_CHECK_BETA
 from zerocheck.loadtests.llm_metrics import StreamTiming, fire_request_events
 from zerocheck.loadtests.options import load_options
 from zerocheck.loadtests.profiles import SAMPLING_DTYPES
@@ -214,3 +216,52 @@ class OpenAIStreamUser(LLMStreamUser):
                     final_outputs(timing, chunk["usage"])
         if not timing.finish_reason:
             raise StreamError("stream ended without a finish_reason")
+
+
+class AnthropicStreamUser(LLMStreamUser):
+    """Streams messages from the Anthropic Messages API (`POST {base}/v1/messages`, Anthropic's events) on the
+    OpenAI API's port; the zero-check path is asked for with `anthropic-beta: zero-check-layer-2024-06` (its
+    absence asks for the checked chain), the path served comes back in `X-Anthropic-ZeroCheck-Bypass`."""
+
+    protocol = "Anthropic"
+    endpoint = "messages"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.session = requests.Session()
+        base = self.options.openai_url.rstrip("/")  # http://host:port/v1
+        self.url = f"{base}/messages"
+        self.model = self.options.served_model or self.session.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
+
+    def on_stop(self) -> None:
+        self.session.close()
+
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
+        body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                "max_tokens": request.max_tokens, "min_tokens": request.min_tokens, "stream": True, **sampling}
+        headers = {"anthropic-version": "2023-06-01", "x-api-key": "unused"}
+        if request.zerocheck == "on":
+            headers[BETA_HEADER] = ZERO_CHECK_BETA
+        timing.start = time.perf_counter()
+        with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s,
+                               headers=headers) as reply:
+            if reply.status_code != 200:
+                raise StreamError(f"HTTP {reply.status_code}: {reply.text[:200]}")
+            final_outputs(timing, {"sampler": reply.headers.get("X-ZeroCheck-Sampler", ""),
+                                   "zerocheck_bypass": reply.headers.get("X-Anthropic-ZeroCheck-Bypass") == "true"})
+            for line in reply.iter_lines(chunk_size=None):
+                if not line.startswith(b"data:"):
+                    continue
+                event = json.loads(line[5:])
+                if event["type"] == "error":
+                    raise StreamError(str(event["error"]))
+                if event["type"] == "message_start":
+                    timing.prompt_tokens = int(event["message"]["usage"]["input_tokens"])
+                elif event["type"] == "content_block_delta" and event["delta"].get("text"):
+                    timing.tokens_arrived(1, event["delta"]["text"])  # one server response, one token
+                elif event["type"] == "message_delta":
+                    timing.finish_reason = str(event["delta"]["stop_reason"])
+                    timing.completion_tokens = int(event["usage"]["output_tokens"])
+        if not timing.finish_reason:
+            raise StreamError("stream ended without a stop_reason")

@@ -23,6 +23,10 @@ SERVER_METRICS = {
     *(f"{h}_{suffix}" for h in ("zerocheck_time_to_first_token_seconds", "zerocheck_time_per_output_token_seconds")
       for suffix in ("bucket", "sum", "count")),
 }
+# the front end's (zerocheck.frontend.metrics), on its OpenAI / Anthropic port
+FRONTEND_METRICS = {"zerocheck_frontend_responses_total", "zerocheck_frontend_client_disconnects_total",
+                    "zerocheck_frontend_sampler_path_total", "zerocheck_frontend_streamed_tokens_total",
+                    "zerocheck_frontend_active_requests", "zerocheck_frontend_forward_seconds"}
 TRITON_METRICS = {"nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                   "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
                   "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
@@ -48,7 +52,7 @@ def load_rules() -> list[dict]:
 
 def known_names() -> set[str]:
     recorded = {rule["record"] for rule in load_rules() if "record" in rule}
-    return SERVER_METRICS | TRITON_METRICS | set(CLIENT_METRICS) | recorded
+    return SERVER_METRICS | FRONTEND_METRICS | TRITON_METRICS | set(CLIENT_METRICS) | recorded
 
 
 def test_metric_names_of_an_expression() -> None:
@@ -60,7 +64,8 @@ def test_rules_are_well_formed() -> None:
     rules = load_rules()
     alerts = [rule for rule in rules if "alert" in rule]
     assert {a["alert"] for a in alerts} >= {"ZerocheckBypassRateLow", "ZerocheckTimeToFirstTokenHigh",
-                                           "ZerocheckErrorRateHigh", "ZerocheckClientServerGap"}
+                                           "ZerocheckErrorRateHigh", "ZerocheckClientServerGap",
+                                           "ZerocheckHeaderBypassRateLow", "ZerocheckBetaHeaderNotTakingEffect"}
     for rule in rules:
         assert isinstance(rule["expr"], str) and rule["expr"].strip(), rule
         assert ("alert" in rule) != ("record" in rule), rule
@@ -102,3 +107,10 @@ def test_alerts_fire_on_their_series_and_stay_quiet_on_a_healthy_server() -> Non
     result = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=DEPLOY / "prometheus",
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_front_end_exports_the_names_the_rules_know() -> None:
+    from zerocheck.frontend.metrics import FrontendMetrics
+
+    exported = set(re.findall(r"^# TYPE (\S+) ", FrontendMetrics().text(), re.M))
+    assert exported == FRONTEND_METRICS

@@ -8,6 +8,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from zerocheck.loadtests import cli
 from zerocheck.loadtests.server_metrics import requests_by_sampler
 from zerocheck.serve.stack import ServingStack
@@ -54,16 +56,19 @@ def test_load_run_matches_server_counters(triton_server: ServingStack, tmp_path:
         assert summary[path]["output_tokens_per_s"] > 0
 
 
-def test_openai_users_share_the_accounting(triton_server: ServingStack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol, kind, endpoint", [("openai", "OpenAI", "chat_completions"),
+                                                      ("anthropic", "Anthropic", "messages")])
+def test_openai_and_anthropic_users_share_the_accounting(triton_server: ServingStack, tmp_path: Path, protocol: str,
+                                                         kind: str, endpoint: str) -> None:
     before = requests_by_sampler(triton_server.metrics_url)
-    assert cli.run(load_args(triton_server, tmp_path, protocol="openai", duration=10)) == 0
+    assert cli.run(load_args(triton_server, tmp_path, protocol=protocol, duration=10)) == 0
     after = requests_by_sampler(triton_server.metrics_url)
     rows = list(csv.DictReader((tmp_path / "locust_stats.csv").open()))
     requests = {(r["Type"], r["Name"]): int(r["Request Count"]) - int(r["Failure Count"]) for r in rows}
     assert sum(int(r["Failure Count"]) for r in rows if r["Name"] == "Aggregated") == 0
     for path in PATHS:
-        name = f"chat_completions[{path}]"
-        assert requests.get(("OpenAI", name), 0) > 0 and requests.get(("time_to_first_token", name), 0) > 0
-        assert after.get(path, 0) - before.get(path, 0) == requests[("OpenAI", name)], path
+        name = f"{endpoint}[{path}]"
+        assert requests.get((kind, name), 0) > 0 and requests.get(("time_to_first_token", name), 0) > 0
+        assert after.get(path, 0) - before.get(path, 0) == requests[(kind, name)], path
     summary = json.loads((tmp_path / "summary.json").read_text())["paths"]
     assert summary["zero_check"]["bypass_rate"] == 1.0 and summary["checked"]["bypass_rate"] == 0.0

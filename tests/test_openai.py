@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -242,7 +243,7 @@ def test_not_ready_is_503(tmp_path):
         frontend.wait(10)
 
 
-def test_overload_is_429_with_retry_after_on_both_doors(tritonserver_binary, tmp_path):
+def test_overload_is_429_with_retry_after_on_every_door(tritonserver_binary, tmp_path):
     """One sequence at a time and no queue: a second concurrent request is refused at once."""
     repository = conftest.copied_repository(tmp_path, generate={"max_concurrent_sequences": "1", "max_queue_size": "0"})
     stack = ServingStack(repository, tritonserver=tritonserver_binary,
@@ -261,6 +262,11 @@ def test_overload_is_429_with_retry_after_on_both_doors(tritonserver_binary, tmp
                              json={"text_input": "def g():", "max_tokens": 4}, timeout=30)
         assert door.status_code == 429 and door.headers["Retry-After"] == "1"
         assert door.json()["error"].startswith("RESOURCE_EXHAUSTED: overloaded")
+        messages = anthropic.Anthropic(base_url=stack.anthropic_url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            messages.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "def g():"}])
+        assert limited.value.response.headers["retry-after"] == "1"
+        assert limited.value.body["error"]["type"] == "rate_limit_error"
         busy.close()
     finally:
         stack.stop()

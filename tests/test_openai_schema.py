@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from zerocheck.frontend.errors import FrontendError
-from zerocheck.frontend.openai_schema import CHAT, TEXT, StopMatcher, parse_call
+from zerocheck.frontend.openai_schema import CHAT, TEXT, parse_call
+from zerocheck.frontend.stops import StopMatcher
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

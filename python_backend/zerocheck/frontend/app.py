@@ -1,4 +1,4 @@
-"""The front end's process: the OpenAI API on one port, the guarded door to Triton's HTTP on another,
+"""The front end's process: the OpenAI and Anthropic APIs on one port, the guarded door to Triton's HTTP on another,
 both under the same `HttpLimits` (body size and time, header size, idle connections)."""
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from aiohttp import web
 
 from zerocheck.clients.aio_grpc_transport import close_when_done
 from zerocheck.clients.endpoint import MAX_MESSAGE_BYTES
+from zerocheck.frontend.anthropic_routes import AnthropicRoutes
+from zerocheck.frontend.auth import client_key_middleware
 from zerocheck.frontend.door import TritonDoor
 from zerocheck.frontend.limits import HttpLimits
 from zerocheck.frontend.errors import FrontendError
@@ -27,31 +29,36 @@ log = logging.getLogger("zerocheck.frontend")
 class FrontendOptions:
     grpc_url: str  # Triton's gRPC endpoint: the OpenAI API calls `model` there
     host: str = "127.0.0.1"
-    openai_port: int | None = 9000  # None: no OpenAI API
+    openai_port: int | None = 9000  # the OpenAI and Anthropic APIs; None: neither
     door_port: int | None = None  # with triton_http_url: the public HTTP port
     triton_http_url: str | None = None  # Triton's internal HTTP endpoint (http://127.0.0.1:PORT)
     model: str = "generate"  # every door runs there; calling it directly saves a forwarding hop
     served_model: str = "zerocheck"
     artifacts: Path | None = None  # the tokenizer, for log-probability token texts
     limits: HttpLimits = HttpLimits()
+    api_key: str | None = None  # the key clients of the OpenAI and Anthropic APIs must send (None: open)
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler):
-    """Any failure a handler did not answer itself: a JSON error, never a traceback."""
+    """Any failure a handler did not answer itself: a JSON error in the API's shape (Anthropic's under
+    /v1/messages, else OpenAI's), never a traceback."""
+    def answer(error: FrontendError) -> web.Response:
+        return AnthropicRoutes.error_response(error) if request.path.startswith("/v1/messages") else error.response()
+
     try:
         return await handler(request)
     except web.HTTPException as error:  # aiohttp's own (404 route, 405 method): as JSON errors
         if error.status < 400:
             raise
-        return FrontendError(error.status, error.reason or "error").response()
+        return answer(FrontendError(error.status, error.reason or "error"))
     except FrontendError as error:
-        return error.response()
+        return answer(error)
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unexpected error answering %s %s", request.method, request.path)
-        return FrontendError(500, "internal error; see the front end's log").response()
+        return answer(FrontendError(500, "internal error; see the front end's log"))
 
 
 def load_tokenizer_of(artifacts: Path | None):
@@ -76,11 +83,17 @@ class Frontend:
         self.runners: list[web.AppRunner] = []
 
     def openai_app(self) -> web.Application:
+        """The OpenAI and the Anthropic APIs, on one port."""
         options = self.options
-        app = web.Application(middlewares=[json_errors])
-        routes = OpenAIRoutes(self.client, options.model, options.served_model, load_tokenizer_of(options.artifacts),
-                              self.metrics, options.limits)
-        routes.add_to(app)
+        middlewares = [json_errors]
+        if options.api_key is not None:
+            middlewares.append(client_key_middleware(options.api_key, self.metrics))
+        app = web.Application(middlewares=middlewares)
+        tokenizer = load_tokenizer_of(options.artifacts)
+        OpenAIRoutes(self.client, options.model, options.served_model, tokenizer, self.metrics,
+                     options.limits).add_to(app)
+        AnthropicRoutes(self.client, options.model, options.served_model, tokenizer, self.metrics,
+                        options.limits).add_to(app)
         return app
 
     def door_app(self) -> web.Application:

@@ -13,6 +13,7 @@ from zerocheck.frontend.app import FrontendOptions, serve_forever
 from zerocheck.frontend.limits import HttpLimits
 
 DEFAULT_LIMITS = HttpLimits()
+CLIENT_API_KEY_ENV = "ZEROCHECK_CLIENT_API_KEY"
 
 
 def served_model_name(artifacts: Path | None) -> str:
@@ -39,6 +40,16 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a connection may take to send a whole request head (default %(default)s)")
 
 
+def add_client_key_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--client-api-key", default=None,
+                        help=f"require this key from clients of the OpenAI and Anthropic APIs (x-api-key: KEY or "
+                             f"Authorization: Bearer KEY; 401 otherwise); default: ${CLIENT_API_KEY_ENV}, else open")
+
+
+def client_key_of(args: argparse.Namespace) -> str | None:
+    return args.client_api_key or os.environ.get(CLIENT_API_KEY_ENV) or None
+
+
 def limits_of(args: argparse.Namespace) -> HttpLimits:
     return HttpLimits(args.max_body_bytes, args.body_timeout_s, args.header_timeout_s)
 
@@ -58,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="artifacts of the served model, for its name and tokenizer "
                              "(default: $ZEROCHECK_ARTIFACTS, else none)")
     add_limit_arguments(parser)
+    add_client_key_argument(parser)
     parser.add_argument("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
 
 
@@ -68,7 +80,7 @@ def options_of(args: argparse.Namespace) -> FrontendOptions:
         grpc_url=args.url, host=args.host, openai_port=None if args.no_openai else args.port, door_port=args.door_port,
         triton_http_url=args.triton_http_url, model=args.model,
         served_model=args.served_model_name or served_model_name(artifacts), artifacts=artifacts,
-        limits=limits_of(args))
+        limits=limits_of(args), api_key=client_key_of(args))
 
 
 def run(args: argparse.Namespace) -> int:

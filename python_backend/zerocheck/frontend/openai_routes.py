@@ -1,8 +1,9 @@
 """The OpenAI API's handlers: each request is one streamed `generate` call over the shared gRPC channel.
 
 The first response of the call is awaited before the HTTP answer starts, so a refusal gets its own
-status (400, 429, 503) and every answer carries the path that served it: `X-ZeroCheck-Bypass`
-(true when the check layer was skipped) and `X-ZeroCheck-Sampler` (zero_check | checked). A client
+status (400, 429, 503) and every answer carries the path that served it: `X-ZeroCheck-Bypass` and
+`X-Anthropic-ZeroCheck-Bypass` (true when the check layer was skipped) and `X-ZeroCheck-Sampler`
+(zero_check | checked); see path.py for how a request asks for a path. A client
 that disconnects cancels its generation (aiohttp cancels the handler; the gRPC call is cancelled).
 """
 from __future__ import annotations
@@ -15,18 +16,18 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 import zerocheck
-from zerocheck.clients.aio_grpc_transport import stream_chunks
-from zerocheck.clients.errors import ZerocheckError
 from zerocheck.clients.response import Chunk
 from zerocheck.frontend.limits import HttpLimits, read_body
-from zerocheck.frontend.errors import FrontendError, from_server, invalid
+from zerocheck.frontend.errors import FrontendError, invalid
+from zerocheck.frontend.fields import json_body
+from zerocheck.frontend.generation import generation
 from zerocheck.frontend.metrics import FrontendMetrics
 from zerocheck.frontend.openai_schema import (CHAT, PARAM_OF, TEXT, Call, Choice, chunk_body, completion_body,
-                                              logprobs_of, new_choices, parse_call, retry_reason, usage_chunk)
+                                              logprobs_of, new_choices, parse_call, usage_chunk)
+from zerocheck.frontend.path import asks_zero_check, requested_headers, served_headers
 from zerocheck.tokenizer import TextTokenizer
 
 FINGERPRINT = f"zerocheck-{zerocheck.__version__}"
-BYPASS, SAMPLER = "X-ZeroCheck-Bypass", "X-ZeroCheck-Sampler"
 
 
 class OpenAIRoutes:
@@ -88,17 +89,17 @@ class OpenAIRoutes:
 
     async def _complete(self, request: web.Request, kind: str, endpoint: str) -> web.StreamResponse:
         self.metrics.active_streams += 1
-        switch = request.headers.get("zerocheck", "on").strip().lower()
-        path_headers = {BYPASS: "false", SAMPLER: "checked" if switch in ("off", "false", "0", "no") else "zero_check"}
+        path_headers: dict[str, str] = {}
         try:
+            path_headers = requested_headers(asks_zero_check(request.headers, default=True))
             call = await self._call(request, kind)
-            chunks = self._generate(call, request)
+            chunks = generation(self.client, self.model, call.generate, request.headers, PARAM_OF)
             try:  # leaving early (all choices at a stop string, a disconnect) cancels the generation
                 first = await anext(chunks, None)
                 if first is None:
                     raise FrontendError(500, "the server ended the generation without a response")
-                path_headers = {BYPASS: str(bool(first.fields.get("zerocheck_bypass"))).lower(),
-                                SAMPLER: str(first.fields.get("sampler", path_headers[SAMPLER]))}
+                path_headers = served_headers(first.fields, call.generate.zerocheck)
+                self.metrics.served_path(endpoint, call.generate.zerocheck, path_headers)
                 if call.stream:
                     return await self._stream(request, call, first, chunks, path_headers, endpoint)
                 body = await self._collect(call, first, chunks)
@@ -116,26 +117,12 @@ class OpenAIRoutes:
             self.metrics.active_streams -= 1
 
     async def _call(self, request: web.Request, kind: str) -> Call:
-        try:
-            body = json.loads(await read_body(request, self.limits))
-        except (ValueError, UnicodeDecodeError) as error:
-            raise invalid(f"the request body is not valid JSON: {error}") from None
-        call = parse_call(kind, body, request.headers)
+        call = parse_call(kind, json_body(await read_body(request, self.limits)), request.headers)
         if call.model != self.served_model:
             raise self._not_found(call.model)
         if call.logprobs and self.tokenizer is None:
             raise invalid("logprobs needs the model's tokenizer: start the front end with --artifacts", "logprobs")
         return call
-
-    async def _generate(self, call: Call, request: web.Request) -> AsyncIterator[Chunk]:
-        """The call's chunks; a server error becomes the FrontendError to answer with."""
-        parameters = call.generate.parameters(retry_reason(request.headers))
-        headers = {"zerocheck": parameters["zerocheck"]}
-        try:
-            async for chunk in stream_chunks(self.client, self.model, call.generate, parameters, headers):
-                yield chunk
-        except ZerocheckError as error:
-            raise from_server(error, PARAM_OF) from None
 
     def _token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])  # a Call with logprobs needs the tokenizer (see _call)

@@ -16,10 +16,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from zerocheck.api.errors import InvalidRequest
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.frontend.errors import invalid
-from zerocheck.api.request import parse_switch
+from zerocheck.frontend.fields import boolean, number
+from zerocheck.frontend.path import asks_zero_check
+from zerocheck.frontend.stops import StopMatcher
 
 CHAT, TEXT = "chat", "text"
 MAX_STOP = 4
@@ -56,28 +57,6 @@ class Call:
     @property
     def response_id(self) -> str:
         return f"{'chatcmpl' if self.kind == CHAT else 'cmpl'}-{self.id}"
-
-
-def _number(body: Mapping[str, Any], name: str, low: float, high: float, integer: bool = False,
-            low_open: bool = False) -> float | int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
-        raise invalid(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
-    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise invalid(f"{name} must be in {interval}, got {value!r}", name)
-    return int(value) if integer else float(value)
-
-
-def _bool(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise invalid(f"{name} must be true or false, got {value!r}", name)
-    return value
 
 
 def _content(index: int, content: Any) -> str:
@@ -189,35 +168,32 @@ def parse_call(kind: str, body: Any, headers: Mapping[str, str]) -> Call:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model is required", "model")
-    stream = _bool(body, "stream")
+    stream = boolean(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or not stream):
         raise invalid("stream_options is only allowed with stream: true, as an object", "stream_options")
     include_usage = bool((options or {}).get("include_usage", False))
-    n = _number(body, "n", 1, MAX_N, integer=True) or 1
+    n = number(body, "n", 1, MAX_N, integer=True) or 1
     logprobs, top = _logprobs(kind, body)
     limit = body.get("max_completion_tokens") if kind == CHAT and "max_completion_tokens" in body else None
-    max_tokens = _number({"max_completion_tokens": limit} if limit is not None else body,
+    max_tokens = number({"max_completion_tokens": limit} if limit is not None else body,
                          "max_completion_tokens" if limit is not None else "max_tokens", 1, 2**31 - 1, integer=True)
-    sampling = {"temperature": _number(body, "temperature", 0, 2),
-                "top_p": _number(body, "top_p", 0, 1, low_open=True),
-                "presence_penalty": _number(body, "presence_penalty", -2, 2),
-                "frequency_penalty": _number(body, "frequency_penalty", -2, 2),
-                "top_k": _number(body, "top_k", 0, 2**31 - 1, integer=True),
-                "min_p": _number(body, "min_p", 0, 1),
-                "repetition_penalty": _number(body, "repetition_penalty", 0, math.inf, low_open=True)}
-    seed = _number(body, "seed", -(2**63), 2**64 - 1, integer=True)
-    try:
-        zerocheck = parse_switch(headers.get("zerocheck", "on"))
-    except InvalidRequest as error:
-        raise invalid(f"header {error}", "zerocheck") from None
+    sampling = {"temperature": number(body, "temperature", 0, 2),
+                "top_p": number(body, "top_p", 0, 1, low_open=True),
+                "presence_penalty": number(body, "presence_penalty", -2, 2),
+                "frequency_penalty": number(body, "frequency_penalty", -2, 2),
+                "top_k": number(body, "top_k", 0, 2**31 - 1, integer=True),
+                "min_p": number(body, "min_p", 0, 1),
+                "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True)}
+    seed = number(body, "seed", -(2**63), 2**64 - 1, integer=True)
+    zerocheck = asks_zero_check(headers, default=True)
     generate = GenerateRequest.build(
         _prompt(body) if kind == TEXT else None,
         messages=_messages(body) if kind == CHAT else None,
         max_tokens=max_tokens, seed=None if seed is None else seed % 2**64, stop=_stop(body),
-        min_tokens=_number(body, "min_tokens", 0, 2**31 - 1, integer=True), zerocheck=zerocheck,
+        min_tokens=number(body, "min_tokens", 0, 2**31 - 1, integer=True), zerocheck=zerocheck,
         request_id=headers.get("x-request-id"), num_return_sequences=n if n > 1 else None,
-        return_log_probs=logprobs, top_log_probs=top, logit_bias=_logit_bias(body), end_id=-1 if _bool(body, "ignore_eos") else None,
+        return_log_probs=logprobs, top_log_probs=top, logit_bias=_logit_bias(body), end_id=-1 if boolean(body, "ignore_eos") else None,
         **{name: value for name, value in sampling.items() if value is not None})
     return Call(kind, model, stream, include_usage, n, logprobs, generate)
 
@@ -225,52 +201,16 @@ def parse_call(kind: str, body: Any, headers: Mapping[str, str]) -> Call:
 def _logprobs(kind: str, body: Mapping[str, Any]) -> tuple[bool, int]:
     """(whether to return the sampled tokens' log-probabilities, how many alternatives per token)."""
     if kind == CHAT:
-        wanted = _bool(body, "logprobs")
-        top = _number(body, "top_logprobs", 0, 20, integer=True) or 0
+        wanted = boolean(body, "logprobs")
+        top = number(body, "top_logprobs", 0, 20, integer=True) or 0
         if top and not wanted:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
         return wanted, top
-    top = _number(body, "logprobs", 0, 5, integer=True)
+    top = number(body, "logprobs", 0, 5, integer=True)
     return top is not None, top or 0
 
 
-def retry_reason(headers: Mapping[str, str]) -> str | None:
-    """`X-Retry-Reason` (e.g. slow_response: a hedge), passed to the server as `retry_reason`."""
-    reason = headers.get("x-retry-reason")
-    return reason.strip().lower() if reason else None
-
-
 # -- responses -----------------------------------------------------------------------------------------------
-
-
-class StopMatcher:
-    """OpenAI's `stop`: the text ends before the first stop string, which is not returned. Text that may
-    be the start of a stop string is held back until it is known not to be one. (The server also stops
-    at the stop words' tokens; this catches a stop string that spans tokens otherwise.)"""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops, self.held, self.stopped = stops, "", False
-
-    def push(self, text: str) -> str:
-        """The text that is final now; sets `stopped` when a stop string appeared."""
-        if self.stopped or not self.stops:
-            return "" if self.stopped else text
-        self.held += text
-        hits = [i for i in (self.held.find(stop) for stop in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            out, self.held = self.held[:min(hits)], ""
-            return out
-        keep = max((n for stop in self.stops for n in range(1, len(stop)) if self.held.endswith(stop[:n])),
-                   default=0)
-        out = self.held[:len(self.held) - keep]
-        self.held = self.held[len(out):]
-        return out
-
-    def flush(self) -> str:
-        """What is held back once the sequence ended without a stop string."""
-        out, self.held = ("" if self.stopped else self.held), ""
-        return out
 
 
 @dataclass
@@ -376,5 +316,5 @@ def usage_chunk(call: Call, fingerprint: str, prompt_tokens: int, choices: list[
             "usage": usage(prompt_tokens, choices)}
 
 
-__all__ = ["CHAT", "Call", "Choice", "FINISH_REASON", "PARAM_OF", "TEXT", "StopMatcher", "chunk_body", "new_choices",
-           "completion_body", "logprobs_of", "parse_call", "retry_reason", "usage", "usage_chunk"]
+__all__ = ["CHAT", "Call", "Choice", "FINISH_REASON", "PARAM_OF", "TEXT", "chunk_body", "new_choices",
+           "completion_body", "logprobs_of", "parse_call", "usage", "usage_chunk"]

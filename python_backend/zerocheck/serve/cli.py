@@ -13,8 +13,8 @@ from pathlib import Path
 from zerocheck import paths
 from zerocheck.serve.binary import TritonServerNotFound
 from zerocheck.serve.demo import DemoError, stream_chat
-from zerocheck.frontend.cli import add_limit_arguments, limits_of
-from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER
+from zerocheck.frontend.cli import add_client_key_argument, add_limit_arguments, client_key_of, limits_of
+from zerocheck.api.headers import API_KEY_HEADER, GRPC_API_KEY_HEADER, ZERO_CHECK_BETA
 from zerocheck.serve.repository import GPU_MODELS, copy_repository
 from zerocheck.serve.server import RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
@@ -36,9 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the public HTTP port: Triton's HTTP API through the guarded door (0 picks a free port)")
     parser.add_argument("--grpc-port", type=int, default=8001, help="0 picks a free port")
     parser.add_argument("--metrics-port", type=int, default=8002, help="0 picks a free port")
-    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI API (0 picks a free port)")
-    parser.add_argument("--no-openai", action="store_true", help="serve no OpenAI API")
+    parser.add_argument("--openai-port", type=int, default=9000,
+                        help="the OpenAI and Anthropic APIs (0 picks a free port)")
+    parser.add_argument("--no-openai", action="store_true", help="serve no OpenAI or Anthropic API")
     add_limit_arguments(parser)
+    add_client_key_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server)")
     parser.add_argument("--tritonserver", default=None, help="tritonserver binary (default: nvidia-pytriton's)")
     parser.add_argument("--api-key", default=None,
@@ -81,7 +83,9 @@ def print_endpoints(server: ServingStack, key_given: bool) -> None:
     print(f"  HTTP     http://{server.http_url}   (Triton's HTTP API through the guarded door)\n"
           f"  gRPC     {server.grpc_url}\n  metrics  http://{server.metrics_url}/metrics")
     if server.openai_port is not None:
-        print(f"  OpenAI   {server.openai_url}   (model {server.frontend_served_model})")
+        print(f"  OpenAI   {server.openai_url}   (model {server.frontend_served_model})\n"
+              f"  Anthropic {server.anthropic_url}/v1/messages   (header anthropic-beta: {ZERO_CHECK_BETA} "
+              f"for the zero-check path)")
     print(f"  {', '.join(RESTRICTED_APIS)} APIs need header '{API_KEY_HEADER}: <key>' "
           f"(gRPC metadata '{GRPC_API_KEY_HEADER}')"
           + ("" if key_given else "; no --api-key given: locked with a random key"))
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         server = ServingStack(
             repository, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
             openai_port=args.openai_port, openai=not args.no_openai,
-            limits=limits_of(args),
+            limits=limits_of(args), client_api_key=client_key_of(args),
             host=args.host, tritonserver=args.tritonserver, log_file=args.log_file,
             env={"ZEROCHECK_ARTIFACTS": str(artifacts)},
             restricted_api_key=args.api_key or secrets.token_urlsafe(32),  # never open by default

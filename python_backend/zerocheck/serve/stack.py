@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from zerocheck.frontend.cli import CLIENT_API_KEY_ENV
 from zerocheck.frontend.limits import HttpLimits
 from zerocheck.serve.server import TritonServer, TritonServerError
 
@@ -30,10 +31,11 @@ class ServingStack(TritonServer):
 
     def __init__(self, model_repository, http_port: int | None = None, openai_port: int | None = None,
                  openai: bool = True, limits: HttpLimits = HttpLimits(), served_model_name: str | None = None,
-                 **kwargs) -> None:
+                 client_api_key: str | None = None, **kwargs) -> None:
         super().__init__(model_repository, http_port=0, **kwargs)
         self.door_port, self.openai_port = http_port or 0, (openai_port or 0) if openai else None
         self.limits, self.served_model_name = limits, served_model_name
+        self.client_api_key = client_api_key  # passed in the front end's environment, not on its command line
         self.frontend_ports: dict[str, int] = {}
         self.frontend_served_model = ""
         self._frontend: subprocess.Popen[bytes] | None = None
@@ -53,6 +55,11 @@ class ServingStack(TritonServer):
         return f"http://{self._connect_host}:{self.frontend_ports['openai']}/v1"
 
     @property
+    def anthropic_url(self) -> str:
+        """`http://host:port` of the Anthropic Messages API (what the anthropic SDK takes as `base_url`)."""
+        return f"http://{self._connect_host}:{self.frontend_ports['openai']}"
+
+    @property
     def frontend_log_path(self) -> Path:
         return self.log_path.with_suffix(".frontend.log")
 
@@ -70,6 +77,13 @@ class ServingStack(TritonServer):
             command += ["--served-model-name", self.served_model_name]
         return command
 
+    def frontend_env(self) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        env.pop(CLIENT_API_KEY_ENV, None)
+        if self.client_api_key:
+            env[CLIENT_API_KEY_ENV] = self.client_api_key
+        return env
+
     def start(self) -> ServingStack:
         super().start()
         self.frontend_ports = {}
@@ -77,7 +91,7 @@ class ServingStack(TritonServer):
         self._ready_file.unlink(missing_ok=True)
         with open(self.frontend_log_path, "wb") as log:
             self._frontend = subprocess.Popen(self.frontend_command(), stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                                              stderr=subprocess.STDOUT, env=self.frontend_env(),
                                               start_new_session=True)
         return self
 

@@ -1,0 +1,55 @@
+"""Validators of JSON request fields shared by the OpenAI and Anthropic APIs: each refusal is a 400
+naming the field."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from zerocheck.frontend.errors import invalid
+
+
+def json_body(raw: bytes) -> Any:
+    """A request body parsed as JSON; a 400 for what is not JSON, nests too deep for the parser, or holds
+    text that is not Unicode (a lone surrogate escape such as \\ud800 cannot become UTF-8 tokens)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise invalid("the request body nests too deeply to parse") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise invalid(f"the request body is not valid JSON: {error}") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise invalid(f"the request body holds text that is not valid Unicode: {error.reason} "
+                      f"({error.object[error.start:error.end]!a})") from None
+    except RecursionError:
+        raise invalid("the request body nests too deeply to parse") from None
+    return body
+
+
+def number(body: Mapping[str, Any], name: str, low: float, high: float, integer: bool = False,
+           low_open: bool = False) -> float | int | None:
+    """`body[name]` as a number in [low, high] ((low, high] with `low_open`); None when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+        raise invalid(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise invalid(f"{name} must be in {interval}, got {value!r}", name)
+    return int(value) if integer else float(value)
+
+
+def boolean(body: Mapping[str, Any], name: str) -> bool:
+    """`body[name]` as true or false; False when absent or null."""
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+__all__ = ["boolean", "json_body", "number"]
