@@ -85,15 +85,15 @@ def test_weight_compression_round_trips() -> None:
     weight = rng.standard_normal((8, 64)).astype(np.float32)
     codes, scale = compress_int8(weight)
     assert codes.dtype == np.int8 and np.abs(codes * scale - weight).max() <= scale.max() / 2 + 1e-6
-    # a weight on a Q4_1 grid (blocks of 32 with a scale and a minimum, codes 0 and 15 used) comes back exactly
-    grid = rng.integers(0, 16, (8, 2, 32)).astype(np.float32)
-    grid[:, :, 0], grid[:, :, 1] = 0, 15
-    step, low = rng.uniform(0.01, 0.1, (8, 2, 1)), rng.uniform(-1, 0, (8, 2, 1))
-    q4_1 = (grid * step + low).astype(np.float32).reshape(8, 64)
+    # asymmetric groups: within half a step of the weight, integer zero points, the range holding 0
+    weight[:, :32] = np.abs(weight[:, :32]) + 0.5  # a group of positive weights
     for bits in (4, 8):
-        codes, scale, minimum = compress_groups(q4_1, bits)
-        assert codes.max() == 2**bits - 1 and codes.shape == (8, 2, 32)
-        np.testing.assert_allclose((codes * scale + minimum).reshape(8, 64), q4_1, atol=1e-6)
+        codes, scale, zero_point = compress_groups(weight, bits)
+        assert codes.shape == (8, 2, 32) and zero_point.shape == scale.shape == (8, 2, 1)
+        assert codes.dtype == zero_point.dtype == np.uint8 and codes.max() <= 2**bits - 1
+        restored = ((codes.astype(np.float32) - zero_point) * scale).reshape(8, 64)
+        assert np.abs(restored - weight).max() <= scale.max() / 2 + 1e-6
+        assert (zero_point[:, 0] == 0).all()  # the positive group starts at 0
 
 
 def test_openvino_runs_on_the_cpu_only(artifacts: Path) -> None:
