@@ -11,7 +11,7 @@ import torch
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.errors import DecoderError
-from zerocheck.decoder.openvino_graph import compress_groups, compress_int8
+from zerocheck.decoder.openvino_graph import compress_groups, compress_int8, compress_minimum
 from zerocheck.decoder.openvino_paged import BlockTable
 
 SCHEDULE = [  # prefill and decode rows in one step, sequences ending, a prompt longer than a cache block
@@ -94,6 +94,18 @@ def test_weight_compression_round_trips() -> None:
         restored = ((codes.astype(np.float32) - zero_point) * scale).reshape(8, 64)
         assert np.abs(restored - weight).max() <= scale.max() / 2 + 1e-6
         assert (zero_point[:, 0] == 0).all()  # the positive group starts at 0
+    # a weight on a Q4_1 grid (blocks of 32 with a scale and a minimum, codes 0 and 15 used) comes back exactly
+    # from Q4_1's form, and within half a code from 8-bit groups with integer zero points
+    grid = rng.integers(0, 16, (8, 2, 32)).astype(np.float32)
+    grid[:, :, 0], grid[:, :, 1] = 0, 15
+    step, low = rng.uniform(0.01, 0.1, (8, 2, 1)), rng.uniform(-1, 0, (8, 2, 1))
+    q4_1 = (grid * step + low).astype(np.float32).reshape(8, 64)
+    codes, scale, minimum = compress_minimum(q4_1)
+    assert codes.max() == 15 and codes.shape == (8, 2, 32)
+    np.testing.assert_allclose((codes * scale + minimum).reshape(8, 64), q4_1, atol=1e-6)
+    codes, scale, zero_point = compress_groups(q4_1, 8)
+    restored = ((codes.astype(np.float32) - zero_point) * scale).reshape(8, 2, 32)
+    assert (np.abs(restored - q4_1.reshape(8, 2, 32)).max(axis=2, keepdims=True) <= scale / 2 + 1e-6).all()
 
 
 def test_openvino_runs_on_the_cpu_only(artifacts: Path) -> None:

@@ -10,12 +10,13 @@ another), `past_lens`, `subsequence_begins`, `block_indices`, `block_indices_beg
 see `zerocheck.decoder.openvino_paged`), the caches, and `logits_indices` ([rows] int64: which of the tokens'
 hidden states reach the final norm and lm_head). Output `logits`: [rows, V] float32.
 
-Weights (`WEIGHTS`): fp32 as in the checkpoint; int8 and int4: codes in asymmetric groups of 32 along the input
-with a float scale and an integer zero point per group (`compress_groups`, OpenVINO's and NNCF's asymmetric
-form). Compressed weights are Constants of u8 / u4 codes and zero points that the graph converts, subtracts and
-scales: the decompression pattern OpenVINO's CPU plugin runs as compressed matrix multiplies, with integer
-products where the CPU has them (VNNI: its dynamic quantization of activations in groups of 32 needs the
-zero points integer; a float zero point ran 1.6x slower at 32 rows on AVX512-VNNI). The
+Weights (`WEIGHTS`): fp32 as in the checkpoint; int8: codes in asymmetric groups of 32 along the input with a
+float scale and an integer zero point per group (`compress_groups`, OpenVINO's and NNCF's asymmetric form), which
+OpenVINO's CPU plugin runs with integer products where the CPU has them (AVX512-VNNI: its dynamic quantization of
+activations in groups of 32 needs integer zero points; a float one ran 1.6x slower at 32 rows); int4: GGUF Q4_1's
+form, a float scale and minimum per group of 32 (`compress_minimum`: the packaged model's weights come back
+exactly, the least memory, float products). Compressed weights are Constants of u8 / u4 codes that the graph
+converts, shifts and scales: the decompression pattern the CPU plugin fuses into its matrix multiplies. The
 embedding table stays fp32 (a gather reads a few rows); lm_head (tied or not) is int8 per output row with
 compressed layers.
 """
@@ -79,6 +80,18 @@ def compress_groups(weight: np.ndarray, bits: int, group: int = GROUP) -> tuple[
     return codes.astype(np.uint8), scale.astype(np.float32), zero_point.astype(np.uint8)
 
 
+def compress_minimum(weight: np.ndarray, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[O, I] float -> 4-bit codes uint8 [O, I/group, group], scales and minima float32 [O, I/group, 1]:
+    w ~= codes * scale + minimum, GGUF Q4_1's block form (a Q4_1 checkpoint's weights come back exactly)."""
+    out_features, in_features = weight.shape
+    blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
+    low, high = blocks.min(axis=2, keepdims=True), blocks.max(axis=2, keepdims=True)
+    scale = (high - low) / 15
+    scale[scale == 0] = 1.0
+    codes = np.clip(np.rint((blocks - low) / scale), 0, 15).astype(np.uint8)
+    return codes, scale.astype(np.float32), low.astype(np.float32)
+
+
 def _packed(codes: np.ndarray, bits: int) -> ov.Node:
     """uint8 codes as a u8 Constant, or as u4 (two a byte, the first in the low nibble)."""
     if bits == 8:
@@ -103,11 +116,14 @@ def _weight(weight: np.ndarray, kind: str) -> ov.Node:
     if kind == "int8-channel":
         codes, scale = compress_int8(weight)
         return ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
-    bits = 4 if kind == "int4" else 8
-    codes, scale, zero_point = compress_groups(weight, bits)
-    dequantized = ops.multiply(ops.subtract(ops.convert(_packed(codes, bits), Type.f32),
-                                            ops.convert(_packed(zero_point, bits), Type.f32)),
-                               _const(scale, np.float32))
+    if kind == "int4":  # Q4_1's form: a float zero point (-minimum / scale), which the CPU plugin decompresses to
+        codes, scale, low = compress_minimum(weight)  # float products
+        zero_point = _const(-low / scale, np.float32)
+    else:
+        codes, scale, integer_zero_point = compress_groups(weight, 8)
+        zero_point = ops.convert(_packed(integer_zero_point, 8), Type.f32)
+    dequantized = ops.multiply(ops.subtract(ops.convert(_packed(codes, 4 if kind == "int4" else 8), Type.f32),
+                                            zero_point), _const(scale, np.float32))
     return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
 
 
