@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from generate_calls import slots_in_use
+from zerocheck.api.request import parse_generate_request
 
 PROMPT, OTHER = "def fibonacci(n):", "class Stack:"
 PERF = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
@@ -83,10 +84,17 @@ def test_e2e_client_2025_streaming_and_not(triton_server, model):
     assert excluded[0].as_numpy("text_output")[0].decode() == text
 
 
-def test_e2e_client_2024_reads_batch_index_of_every_response(triton_server):
+def test_e2e_client_2024_reads_batch_index_of_every_response(triton_server, tokenizer):
     results = ok(run(triton_server.grpc_url, "ensemble", text_inputs(PROMPT, 6, True)))  # no outputs requested
     assert results and all(r.as_numpy("batch_index")[0][0] == 0 for r in results)
-    assert all(r.as_numpy("text_output")[0].decode("utf-8") is not None for r in results)
+    texts = [r.as_numpy("text_output") for r in results]
+    assert all(t.shape == (1,) and isinstance(t[0], bytes) for t in texts)  # the client reads text_output[0]
+    pieces = [t[0].decode("utf-8") for t in texts]  # each piece is whole UTF-8 (decoding raises otherwise)
+    ids = [int(i) for r in results for i in r.as_numpy("output_ids")[0]]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    reasons = [r.as_numpy("finish_reason")[0][0].decode() for r in results]
+    assert reasons[-1] in ("length", "eos") and not any(reasons[:-1]), reasons  # only the last response is final
+    assert results[-1].as_numpy("completion_tokens")[0][0] == len(ids) <= 6
 
 
 @pytest.mark.parametrize("streaming", [False, True])
@@ -128,7 +136,7 @@ def test_log_probs_and_perf_metrics_on_every_response(triton_server):
     assert results[-1].as_numpy("first_token_time_ns")[0][0] <= results[-1].as_numpy("last_token_time_ns")[0][0]
 
 
-def test_words_and_penalties_as_the_client_sends_them(triton_server):
+def test_words_and_penalties_as_the_client_sends_them(triton_server, tokenizer, prompt_ids):
     words = {"stop_words": np.array([["\n\n", "return"]], dtype=object),
              "bad_words": np.array([["fibonacci"]], dtype=object),
              "embedding_bias_words": np.array([["def"]], dtype=object),
@@ -138,8 +146,35 @@ def test_words_and_penalties_as_the_client_sends_them(triton_server):
              "frequency_penalty": np.array([[0.1]], dtype=np.float32),
              "end_id": np.array([[2]], dtype=np.int32), "pad_id": np.array([[2]], dtype=np.int32),
              "random_seed": np.array([[7]], dtype=np.uint64), "min_length": np.array([[2]], dtype=np.int32)}
-    results = ok(run(triton_server.grpc_url, "ensemble", text_inputs(PROMPT, 8, True, **words), ["text_output"]))
-    assert "".join(r.as_numpy("text_output")[0].decode() for r in results) is not None
+    # the client's inputs; besides text_output, the outputs that show what the words did
+    results = ok(run(triton_server.grpc_url, "ensemble", text_inputs(PROMPT, 8, True, **words),
+                     ["text_output", "output_ids", "finish_reason", "completion_tokens"]))
+    ids = [int(i) for r in results for i in r.as_numpy("output_ids")[0]]
+    assert all(r.as_numpy("output_ids").dtype == np.int32 for r in results)
+    text = "".join(r.as_numpy("text_output")[0].decode() for r in results)
+    assert text == tokenizer.decode(ids)  # the streamed pieces are the generated ids' text
+    reasons = [r.as_numpy("finish_reason")[0][0].decode() for r in results]
+    assert not any(reasons[:-1]) and reasons[-1] in ("stop", "length", "eos"), reasons
+    assert results[-1].as_numpy("completion_tokens")[0][0] == len(ids) <= 8
+    # the words as the server reads them: each element a CSV line, as tensorrtllm_backend's preprocessing reads it
+    parsed = parse_generate_request({"text_input": np.array([[PROMPT]], dtype=object), **words}, {})
+    stops = [tokenizer.encode(word) for word in parsed.stop_words]
+    assert stops and parsed.bad_words
+
+    def ends_with_stop(tokens: list[int]) -> bool:
+        return any(tokens[len(tokens) - len(stop):] == stop for stop in stops if len(tokens) >= len(stop))
+
+    assert not any(ends_with_stop(ids[:end]) for end in range(1, len(ids)))  # a stop word ends the generation
+    if reasons[-1] == "stop":
+        assert ends_with_stop(ids)  # ... and stays in the text, as TensorRT-LLM returns it
+    elif reasons[-1] == "length":
+        assert len(ids) == 8
+    else:
+        assert len(ids) >= 2  # min_length 2: end_id 2 is banned until two tokens were generated
+    history = prompt_ids + ids  # a bad word's last token is banned where the history ends with the rest of it
+    for bad in (tokenizer.encode(word) for word in parsed.bad_words):
+        ends = range(max(len(prompt_ids) + 1, len(bad)), len(history) + 1)  # ends within the generated ids
+        assert not any(history[end - len(bad):end] == bad for end in ends), bad
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -180,11 +215,17 @@ def token_inputs(ids: list[int], output_len: int = 6, streaming: bool = False, *
 
 
 @pytest.fixture(scope="module")
-def prompt_ids():
+def tokenizer():
+    """The tokenizer of the model the session server serves."""
     import conftest
     from zerocheck.tokenizer import load_tokenizer
 
-    return load_tokenizer(conftest.test_artifacts_dir()).encode(PROMPT)
+    return load_tokenizer(conftest.test_artifacts_dir())
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return tokenizer.encode(PROMPT)
 
 
 def test_token_client_streaming_and_not(triton_server, prompt_ids):
@@ -208,9 +249,20 @@ def test_token_client_streaming_and_not(triton_server, prompt_ids):
 def test_token_client_log_probs_and_the_checked_path(triton_server, prompt_ids):
     results = ok(run(triton_server.grpc_url, "tensorrt_llm", token_inputs(
         prompt_ids, 4, True, return_log_probs=np.array([[True]])), headers={"zerocheck": "off"}))
+    cumulative, every = [], []
     for result in results:
-        assert result.as_numpy("cum_log_probs")[0] is not None and result.as_numpy("output_log_probs")[0] is not None
+        cum, per_token = result.as_numpy("cum_log_probs"), result.as_numpy("output_log_probs")
+        assert cum.dtype == np.float32 and cum.shape == (1, 1)  # [batch, beam]
+        assert per_token.dtype == np.float32 and per_token.shape[:2] == (1, 1)  # [batch, beam, tokens]
+        tokens = result.as_numpy("sequence_length")[0][0]  # this response's tokens (streamed: no prompt)
+        assert per_token.shape[2] == result.as_numpy("output_ids").shape[2] == tokens
+        assert np.all(np.isfinite(per_token)) and np.all(per_token <= 1e-6)  # log-probabilities of drawn tokens
+        cumulative.append(float(cum[0][0]))
+        every += [float(value) for value in per_token[0][0]]
         assert result.as_numpy("sampler")[0][0] == b"checked"
+    assert len(every) == 4  # one per generated token (end_id -1: exactly request_output_len)
+    assert all(later <= earlier + 1e-5 for earlier, later in zip(cumulative, cumulative[1:]))  # a running sum
+    assert cumulative[-1] == pytest.approx(sum(every), rel=1e-4, abs=1e-5)
 
 
 def test_token_client_stop_request_ends_the_generation(triton_server, prompt_ids):

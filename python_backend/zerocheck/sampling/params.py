@@ -1,9 +1,10 @@
 """Typed, validated sampling parameters: one table drives parsing everywhere.
 
 `SAMPLING_PARAMETERS` lists every per-request knob (name, type, default, allowed range). The Triton
-models, the clients, the CLI flags and the README table are all generated from it, so a range is
-written down once. `SamplingParams` validates itself on construction and raises `SamplingParamError`
-(a `ValueError`) whose message names the field and the allowed range.
+models, the clients and the CLI flags are all built from it, and scripts/docs_reference.py generates
+the parameter table of docs/reference/sampling-parameters.md from it, so a range is written down once.
+`SamplingParams` validates itself on construction and raises `SamplingParamError` (a `ValueError`)
+whose message names the field and the allowed range.
 """
 from __future__ import annotations
 
