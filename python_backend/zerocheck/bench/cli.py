@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 
 from zerocheck.bench.e2e import bench_vocab, ratios, table, write_results
+from zerocheck.bench.machine import cpu
 from zerocheck import paths
 
 
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         rows += bench_vocab(artifacts, args.concurrency, args.rounds, args.max_tokens, sampling,
                             log=lambda line: print(line, flush=True))
     print(table(rows, ratios(rows)))
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}", "sampling": sampling,
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}", "cpu": cpu(),
+            "sampling": sampling,
             "max_tokens": args.max_tokens, "rounds": args.rounds, "artifacts": [str(a) for a in args.artifacts]}
     json_path, png_path = write_results(rows, args.out, meta)
     print(f"wrote {json_path} and {png_path}")
