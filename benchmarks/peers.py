@@ -24,11 +24,11 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -94,6 +94,20 @@ def summary(n: int, tokens: int, wall_s: float, ttfts: list[float], tpots: list[
             "tpot_p50_ms": 1000 * pct(tpots, 0.5), "tpot_p95_ms": 1000 * pct(tpots, 0.95), "peak_pss_mib": pss_mib}
 
 
+def closed_loop(one: Callable[[int], tuple[float, float]], streams: list[int], tokens: int, pid: int) -> dict:
+    """Each stream count in turn (the smallest first once more: the first run warms the server up): `n` threads
+    call `one(i)` -> (TTFT s, TPOT s) once each; the rates by stream count, with the peak PSS of `pid`'s tree."""
+    rates = {}
+    for n in [min(streams), *streams]:
+        with PeakPSS(pid) as memory:
+            began = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                timings = list(pool.map(one, range(n)))
+            wall = time.perf_counter() - began
+        rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
+    return rates
+
+
 def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: dict[str, str] | None,
                     zerocheck: bool = True) -> dict:
     from zerocheck.bench.e2e import sized_repository
@@ -101,7 +115,6 @@ def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: d
     from zerocheck.serve import TritonServer
 
     repository = sized_repository(max(streams), decoder)
-    rates = {}
     try:
         with TritonServer(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts)}) as server:
             def one(i: int) -> tuple[float, float]:
@@ -110,16 +123,9 @@ def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: d
                                      min_tokens=tokens, zerocheck=zerocheck, **SAMPLING)
                 return result.ttft_s, (result.latency_s - result.ttft_s) / max(1, result.completion_tokens - 1)
 
-            for n in [min(streams), *streams]:  # the first run warms the server up
-                with PeakPSS(server.pid) as memory:
-                    began = time.perf_counter()
-                    with ThreadPoolExecutor(n) as pool:
-                        timings = list(pool.map(one, range(n)))
-                    wall = time.perf_counter() - began
-                rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
+            return closed_loop(one, streams, tokens, server.pid)
     finally:
         shutil.rmtree(repository.parent, ignore_errors=True)
-    return rates
 
 
 def packaged_gguf() -> Path:
@@ -210,15 +216,7 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
             first = first or end
             return first - began, (end - first) / max(1, tokens - 1)
 
-        rates = {}
-        for n in [min(streams), *streams]:
-            with PeakPSS(server.pid) as memory:
-                began = time.perf_counter()
-                with ThreadPoolExecutor(n) as pool:
-                    timings = list(pool.map(one, range(n)))
-                wall = time.perf_counter() - began
-            rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
-        return rates
+        return closed_loop(one, streams, tokens, server.pid)
     finally:
         server.terminate()
         server.wait(30)

@@ -169,29 +169,39 @@ class HttpStreamUser(LLMStreamUser):
             raise StreamError("stream ended without a final response (no finish_reason)")
 
 
-class OpenAIStreamUser(LLMStreamUser):
-    """Streams chat completions from the OpenAI API (`POST {openai_url}/chat/completions`, SSE chunks); the
-    path goes as the `zerocheck` header, the path served comes back in `X-ZeroCheck-Sampler`/`-Bypass`."""
+class ChatApiStreamUser(LLMStreamUser):
+    """A user of one of the front end's chat APIs (`{openai_url}/{path}`, the OpenAI and Anthropic APIs share
+    the port): a requests session, the served model's name, the request body both APIs read alike."""
 
-    protocol = "OpenAI"
-    endpoint = "chat_completions"
+    abstract = True
+    path: ClassVar[str]
 
     def on_start(self) -> None:
         super().on_start()
         self.session = requests.Session()
-        base = self.options.openai_url.rstrip("/")
-        self.url = f"{base}/chat/completions"
+        base = self.options.openai_url.rstrip("/")  # http://host:port/v1
+        self.url = f"{base}/{self.path}"
         self.model = self.options.served_model or self.session.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
 
     def on_stop(self) -> None:
         self.session.close()
 
-    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
         sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
-        body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
-                "max_tokens": request.max_tokens, "min_tokens": request.min_tokens, "stream": True,
-                "stream_options": {"include_usage": True},
-                **sampling}
+        return {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                "max_tokens": request.max_tokens, "min_tokens": request.min_tokens, "stream": True, **sampling}
+
+
+class OpenAIStreamUser(ChatApiStreamUser):
+    """Streams chat completions from the OpenAI API (`POST {openai_url}/chat/completions`, SSE chunks); the
+    path goes as the `zerocheck` header, the path served comes back in `X-ZeroCheck-Sampler`/`-Bypass`."""
+
+    protocol = "OpenAI"
+    endpoint = "chat_completions"
+    path = "chat/completions"
+
+    def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
+        body = {**self.body(request), "stream_options": {"include_usage": True}}
         timing.start = time.perf_counter()
         with self.session.post(self.url, json=body, stream=True, timeout=self.options.timeout_s,
                                headers={"zerocheck": request.zerocheck}) as reply:
@@ -218,28 +228,17 @@ class OpenAIStreamUser(LLMStreamUser):
             raise StreamError("stream ended without a finish_reason")
 
 
-class AnthropicStreamUser(LLMStreamUser):
+class AnthropicStreamUser(ChatApiStreamUser):
     """Streams messages from the Anthropic Messages API (`POST {base}/v1/messages`, Anthropic's events) on the
     OpenAI API's port; the zero-check path is asked for with `anthropic-beta: zero-check-layer-2024-06` (its
     absence asks for the checked chain), the path served comes back in `X-Anthropic-ZeroCheck-Bypass`."""
 
     protocol = "Anthropic"
     endpoint = "messages"
-
-    def on_start(self) -> None:
-        super().on_start()
-        self.session = requests.Session()
-        base = self.options.openai_url.rstrip("/")  # http://host:port/v1
-        self.url = f"{base}/messages"
-        self.model = self.options.served_model or self.session.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
-
-    def on_stop(self) -> None:
-        self.session.close()
+    path = "messages"
 
     def stream(self, request: GenerationRequest, timing: StreamTiming) -> None:
-        sampling = {name: JSON_OF[SAMPLING_DTYPES[name]](value) for name, value in request.sampling.items()}
-        body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
-                "max_tokens": request.max_tokens, "min_tokens": request.min_tokens, "stream": True, **sampling}
+        body = self.body(request)
         headers = {"anthropic-version": "2023-06-01", "x-api-key": "unused"}
         if request.zerocheck == "on":
             headers[BETA_HEADER] = ZERO_CHECK_BETA
