@@ -42,10 +42,9 @@ from zerocheck.sampling.history import TokenHistory  # noqa: E402
 HISTORY_TOKENS = 256
 BIG_CALL = 4_000_000  # B * V above which the slow checked chain runs every third round only
 FLOOR_CALLS = 3  # the floor is cheap and noisy: several timed calls per round
-# read before every timed call (twice this machine's 32 MB L3): without it each call found the caches as the call
-# before it left them, so the floor, timed after itself, read warm logits where the runner, timed after the eager
-# path's 16 MB scratch passes, did not (at 32 x 128256: floor 0.12-0.19 ms that way, mostly 0.23-0.29 flushed; some
-# runs still read 0.14-0.18 on this shared host)
+# read before every timed call (twice this machine's 32 MB L3): without it each call finds the caches as the call
+# before it left them, so the floor, timed after itself, reads warm logits where the runner, timed after the eager
+# path's 16 MB scratch passes, does not, and the comparison favours the floor
 FLUSH_BYTES = 64 << 20
 
 MIXES: dict[str, tuple[SamplingParams, bool]] = {  # name -> (params of every row, needs a history)

@@ -27,8 +27,8 @@ from zerocheck.jit import (EXP_FLOOR, available, exp_parts, numba, round_bf16, s
                            widen_bf16)  # (available: the kernel runs)
 
 # (row, KV head) items x positions attended, summed over the step, from which the items run on numba's
-# threads (measured on 2 cores: 32 rows x 100-200 positions, 606 -> 338 us a layer threaded; decode steps
-# of 1 and 8 rows took the same time either way, within noise)
+# threads: a heavy step (many rows over long pasts) gains from them, a light one does not and stays in the
+# calling thread (benchmarks/decoder.py measures the step)
 PARALLEL_WORK = 4096
 _F = np.float32
 
@@ -144,7 +144,7 @@ if numba is not None:
 
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) both loops now, with the argument types a step passes:
-    compiled at a first request they would stall it for 5-7 s each (measured, cold cache)."""
+    compiled at a first request, their compilation (with a cold cache) would stall that request."""
     heads, kv_heads, head_dim = 2, 1, 4
     for rows, length in ((1, 0), (2, PARALLEL_WORK)):  # serial, threaded
         pool = np.zeros((2, rows, kv_heads, length + 1, head_dim), np.int16)

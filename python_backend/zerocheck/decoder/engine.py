@@ -50,7 +50,7 @@ def cpu_flags() -> set[str]:
 def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "cpu") -> str:
     """`requested` ("auto" or one of DTYPES) made concrete for `backend` on `device` (a CPU with `flags`):
     auto is int8 on openvino (layer weights in 8-bit groups of 32 with integer zero points, lm_head int8 per
-    row: the fastest at every batch size measured, integer products on VNNI CPUs; greedy top-1 agreement with
+    row: integer products on VNNI CPUs; its speed against the other dtypes and its greedy top-1 agreement with
     fp32 on docs/performance.md), bf16 for the torch backend on CUDA
     (where the GPU does bf16) or on a CPU with bf16 instructions (AMX or AVX512-BF16), else fp32."""
     if requested not in ("auto", *DTYPES):
@@ -72,9 +72,9 @@ def choose_backend(requested: str, dtype: str, device: str, cuda_available: bool
     """`requested` ("auto" or one of BACKENDS) made concrete for the requested `dtype` and `device`. auto
     is the faster one as measured (benchmarks/peers.py, benchmarks/decoder.py): on CUDA the TensorRT engine when
     it is built and `tensorrt` imports (`tensorrt_ready`; it is the fp32 export, so not for dtype bf16), else
-    torch; on a CPU openvino (the paged graph: 1.5-1.8x the onnxruntime graph it replaced, served at 1 to 32
-    streams), except
-    for dtype bf16, which the torch backend runs (packed weights where the CPU multiplies bf16 with oneDNN)."""
+    torch; on a CPU openvino (the checkpoint as an OpenVINO graph with paged attention, the KV cache in blocks
+    written in place), except for dtype bf16, which the torch backend runs (packed weights where the CPU
+    multiplies bf16 with oneDNN)."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}, got {requested!r}")
     if requested != "auto":

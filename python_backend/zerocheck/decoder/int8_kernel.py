@@ -2,11 +2,11 @@
 with `int8_lm_head_single_row`).
 
 A one-row step's lm_head reads its whole weight for one row of output: SmolLM2-135M's is 49152 x 576, 56.6 MB in
-bfloat16, ~2.2 ms of a ~8 ms step at this machine's memory bandwidth, and oneDNN's bf16 GEMM is bound by it. Its
+bfloat16, a large part of what the step reads, and oneDNN's bf16 GEMM is bound by memory bandwidth there. Its
 int8 copy is half the bytes: symmetric codes per output row (w = code x scale[n], scale = max |w_n| / 127), each
 widened to float32 and multiplied with the row's float32 activations (bfloat16 widened exactly), summed in
-float32, scaled once per output. Measured on 2 cores, caches swept before each call: 1.03 ms vs 2.26 ms for the
-packed bf16 GEMM. The outputs are split into one run per numba thread (zerocheck.jit).
+float32, scaled once per output (benchmarks/decoder.py measures the step with it: "torch:bf16+int4+int8head").
+The outputs are split into one run per numba thread (zerocheck.jit).
 """
 from __future__ import annotations
 

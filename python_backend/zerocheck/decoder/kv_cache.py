@@ -102,9 +102,9 @@ class KVCachePool:
     def gather(self, slots: list[int], past_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy of the first `past_len` positions of `slots`: keys, values [L, B, Hkv, past_len, D]."""
         # numpy's single-threaded copy, a slot at a time: torch's indexing wakes its OpenMP threads
-        # (passive wait), a hand-off 30x slower than the copy at batch 1; numpy's fancy indexing makes a
-        # non-contiguous result that the backend would copy again. numpy has no bfloat16: its bits are
-        # copied as int16.
+        # (passive wait), a hand-off that costs more than the copy itself at small batches; numpy's fancy
+        # indexing makes a non-contiguous result that the backend would copy again. numpy has no bfloat16: its
+        # bits are copied as int16.
         if self.keys.device.type != "cpu":  # on a GPU, one gather per cache
             index = torch.tensor(slots, device=self.keys.device)
             return tuple(cache[:, :, :, :past_len].index_select(1, index) for cache in (self.keys, self.values))

@@ -2,7 +2,7 @@
 each one call for every row of a step, on bfloat16 bits (int16 views, `attention_kernel.as_bits`).
 
 At one row a layer's norms, residual adds and activation are ~25 small torch ops, each dearer to dispatch
-than its arithmetic (profiler, one-row int4 step: ~3 ms of 10.5 in them, the int4 GEMMs 3.8, lm_head 2.4).
+than its arithmetic, so together they weigh on a one-row step beside its GEMMs and lm_head.
 The numerics are the module's (`PackedTransformer`'s torch path), rounding to bfloat16 (to nearest even) at
 the same points:
 - `add_rms_norm`: x <- bf16(x + delta); out <- bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), the mean in float32;
@@ -10,9 +10,9 @@ the same points:
 - `silu_mul`: out <- bf16(bf16(silu(gate)) * up) for gate_up = [gate | up].
 Sums run in another order than torch's and exp is `zerocheck.jit.exp_parts` (within 2 ulp), so a value can
 land one bfloat16 step away from torch's, rarely (tests/test_layer_kernel.py).
-From PARALLEL_ROWS rows on, a call splits its rows into one run per numba thread (zerocheck.jit). Measured on
-2 cores, a decode step of 32 rows at 100 positions, three alternating pairs: the glue 3.4-4.3 ms threaded vs
-4.3-6.3 ms in one thread, the step 43.9-47.8 vs 48.1-49.8 ms.
+From PARALLEL_ROWS rows on, a call splits its rows into one run per numba thread (zerocheck.jit): a batched
+step's glue then runs on every core, where fewer rows are not worth the hand-off to the threads
+(benchmarks/decoder.py measures the step).
 """
 from __future__ import annotations
 

@@ -1,29 +1,28 @@
 """`PackedTransformer`: `Transformer`'s step on a CPU in bfloat16, with its weights packed once for oneDNN.
 
 The module's forward runs ~2,500 small torch ops per step, and its bf16 `linear`s go through a generic
-GEMM that re-lays the weights out on every call (measured at batch 1: 172 us a matmul, 36 ms of a 60 ms
-step). Here:
+GEMM that re-lays the weights out on every call, a cost that dominates small steps. Here:
 - q/k/v projections are one matrix, and gate/up another (4 GEMMs a layer instead of 7);
 - every weight is reordered once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`, the
   packing torch.compile's freezing pass uses), so each GEMM is one AMX / AVX512-BF16 call;
 - the KV cache pool is read and written in place: new keys and values go straight into the rows' slots
-  (the gather of every row's past into a batch copy was 24 % of the served decoder's time at 32 streams);
+  (no step gathers every row's past into a batch copy);
 - with numba (`compiled`), one-token steps (decode) attend with `attention_kernel.decode_attention`: one
-  numba call a layer rotates, stores and attends for every row over its own positions only (measured at
-  32 rows, 110 positions: 74-78 -> 49-50 ms a step; at one row 24.7 -> 11.5 ms, the ~20 torch ops a
-  layer it replaces cost more to dispatch than their arithmetic); longer steps (prefill), and decode
-  without numba, use the module's grouped-query matmuls (its fp32 softmax) over the slots as a view, one
-  additive float32 attention bias per step serving all layers (faster than the fused SDPA kernel: 0.17
-  vs 1.8 ms a layer at 32 rows);
+  numba call a layer rotates, stores and attends for every row over its own positions only (no padding to
+  the longest row, and at one row the ~20 torch ops a layer it stands in for cost more to dispatch than
+  their arithmetic); longer steps (prefill), and decode without numba, use the module's grouped-query
+  matmuls (its fp32 softmax) over the slots as a view, one additive float32 attention bias per step serving
+  all layers (faster than the fused SDPA kernel on a CPU at batched steps; benchmarks/decoder.py measures
+  the step);
 - with numba, every step's residual adds, norms and activation are `layer_kernel` calls, three a layer
-  in place of ~25 torch ops (one-row int4 step: 10.5-11.6 -> 8.9-9.9 ms);
+  in place of ~25 torch ops, each dearer to dispatch than its arithmetic at one row;
 - optionally (`int4_single_row`), steps of one row and one token use int4 copies of the layers' weights
   (groups of INT4_GROUP inputs, torch's `_weight_int4pack_mm_for_cpu`): such a step reads its weights from
-  memory and is bound by their size (measured at batch 1: 35 -> 21-26 ms a step); from two rows on the
+  memory and is bound by their size (benchmarks/decoder.py: "torch:bf16+int4"); from two rows on the
   bf16 GEMMs are faster (the int4 kernel is compute-bound), so batches keep bf16. GGUF Q4_1 weights (blocks
   of 32 inputs, w = q d + m) come back with their own q; the loss is bf16 rounding of scale and zero;
 - optionally (`int8_lm_head_single_row`, with numba), such a step's lm_head reads an int8 copy of its weight
-  (`int8_kernel`: half the bytes of bf16, per-row scales; 2.26 -> 1.03 ms at SmolLM2's 49152 x 576).
+  (`int8_kernel`: half the bytes of bf16, per-row scales).
 Numerics are the module's: RMSNorm, rotary angles, softmax and logits in float32, the rest in bf16 (the
 compiled decode attention also keeps queries, scores and weights in float32).
 `step` takes the pool's caches and the rows' slots instead of `Transformer.forward`'s gathered caches.
@@ -200,7 +199,7 @@ class PackedTransformer:
         With `compiled`, one-token steps attend with the compiled kernel (other steps with torch) and every
         step's glue between the GEMMs is `layer_kernel`'s; such a step's activations are [B, width] matrices
         (not [B, 1, width]): each GEMM and kernel call takes them as they are, without a reshape and a view
-        around it (~15 tensor-metadata calls a layer, ~0.5 ms of a one-row step).
+        around it (~15 tensor-metadata calls a layer, which weigh on a one-row step).
         """
         b, t = tokens.shape
         positions = lengths[:, None] + torch.arange(t)

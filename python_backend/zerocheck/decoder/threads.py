@@ -1,12 +1,11 @@
 """How many threads the decoder's CPU forward uses, chosen again as the rest of the machine's load changes.
 
 The decoder's OpenMP threads spin between parallel regions (the decoder's `omp_spin_count`): on cores it has
-to itself that keeps a 32-row step near 70 ms instead of 80. But when another process holds one of the cores,
-a team of spinning threads waits a scheduler time slice at every barrier for its descheduled member, and a
-forward holds ~150 of them. Measured on this project's 2-core machine: a batch-8 step 20 ms alone, 54-250 ms
-beside one busy-looping process (37-44 ms with the spin cut to 300-1000, 32 with none, which doubles the
-one-row step when the cores are free: 6.6 -> 12.2 ms); served under AIPerf (its timing process keeps one core
-busy) the time per output token went from 38 to 929 ms. A team of one has no barrier to wait at.
+to itself that shortens a batched step, as no sleeping thread has to be woken. But when another process holds
+one of the cores, a team of spinning threads waits a scheduler time slice at every barrier for its descheduled
+member, and a forward holds ~150 of them, so a step beside a busy process (such as a load generator's timing
+process) takes far longer. A shorter spin, or none, helps there but slows the one-row step when the cores
+are free. A team of one has no barrier to wait at.
 
 `ThreadShare` wraps each forward. Every `window_s` seconds (at a forward's start) it samples the CPU time of
 the CPUs this process may run on (/proc/stat; its affinity: a container's cpuset) and this process's; over a

@@ -15,15 +15,14 @@ bounded chunk, not by its whole prefill.
 Multi-step decode: on the zero-check path, while at most `decode_steps_max_rows` sequences run, all of
 them decoding (no prompt going in, none arrived), one call asks the decoder for `decode_steps` tokens of
 each: the decoder draws each token with its fused sampler and feeds it back itself, so the round trip
-between this loop and the decoder (~1-2 ms a step at one stream) is paid once for several tokens. Their
-responses go out together (still `stream_interval` tokens each). A call runs no further than the nearest
-max_tokens of its rows, so a sequence's end never waits for another's later steps: when it did, a call's
-ends left together, closed-loop users' next prompts arrived together and queued for prefill behind each
-other (AIPerf-like load, 8 users: TTFT p50 225 -> 665 ms); with the bound, 218-253 vs 232-242 ms. A sequence
-that arrives meanwhile waits for the call (a few steps) before its prefill. Shipped for a lone sequence
-only: with more rows the gain measured within noise (8 users: TPOT p50 36.6-42.2 vs 41.6-43.8 ms, 16 users:
-62.7-62.9 vs 64.6-66.1 ms, 32 streams in lockstep: 65.3 vs 68.0 ms), and every stream's tokens would then
-come in bursts of decode_steps (inter-token latency p50 ~1 ms inside a burst, then a pause).
+between this loop and the decoder is paid once for several tokens. Their responses go out together (still
+`stream_interval` tokens each). A call runs no further than the nearest max_tokens of its rows, so a
+sequence's end never waits for another's later steps: otherwise a call's ends would leave together, and
+closed-loop users' next prompts would arrive together and queue for prefill behind each other, raising their
+time to first token. A sequence that arrives meanwhile waits for the call (a few steps) before its prefill.
+The repository turns it on for a lone sequence only (`decode_steps_max_rows` 1): with more rows a batched
+step already shares the round trip among them, so the gain is small (benchmarks/e2e.py measures it), and
+every stream's tokens would then come in bursts of decode_steps (close together inside a burst, then a pause).
 
 The batched step and the KV-slot release are injected async callables, so the scheduler runs (and
 is tested) without Triton; in the server they are BLS calls (generate/1/model.py). Everything runs

@@ -2,10 +2,10 @@
 `zerocheck.decoder.attention_kernel`, `zerocheck.decoder.layer_kernel`), with one threading layer for all of
 them, chosen here at import.
 
-OpenMP ("omp", numba's build against the system libgomp) when it loads: its two threads run a parallel
-loop in half the time on 2 cores, where numba's own "workqueue" layer measured 0.7-1.7x the serial time
-(a 96-item loop: serial 361 us, workqueue 339-606 us, omp 184 us). Its threads spin between calls as long
-as GOMP_SPINCOUNT / OMP_WAIT_POLICY allow (`zerocheck serve` bounds both for every stub). Without
+OpenMP ("omp", numba's build against the system libgomp) when it loads: its threads split a parallel loop
+over the cores, where numba's own "workqueue" layer gains little or nothing over the serial loop and at times
+runs slower (benchmarks/sampler.py and benchmarks/decoder.py time the kernels). Its threads spin between calls
+as long as GOMP_SPINCOUNT / OMP_WAIT_POLICY allow (`zerocheck serve` bounds both for every stub). Without
 libgomp, workqueue, logged. `numba` is None when numba is not installed (the kernels' callers then run
 their torch paths).
 

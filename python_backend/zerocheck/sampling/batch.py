@@ -164,7 +164,7 @@ def build_batch(params: Sequence[SamplingParams], vocab_size: int, history: Sequ
 class BatchBuilder:
     """`build_batch` that keeps the last call's `RowColumns`: a decode loop passes the same (frozen)
     SamplingParams objects step after step, so while every row's params object is the last call's, only
-    the noise keys, penalties and bans are built (measured at 32 rows: 27 -> 6 us a call, warm). Safe across
+    the noise keys, penalties and bans are built (the per-row columns are not rebuilt every step). Safe across
     threads: the kept columns are replaced whole."""
 
     def __init__(self) -> None:
@@ -192,8 +192,8 @@ def _sparse_penalties(params: Sequence[SamplingParams], penalised: list[int], hi
                       vocab_size: int, device: torch.device | str) -> SparsePenalties | None:
     """Penalised rows' (row, token) pairs from their histories' counts: with a TokenHistory (kept up to date as
     it grows: no re-count, no sort of the whole history) one array concatenation for all rows. The pairs stay in
-    numpy, not Python objects (at 32 rows x 256 ids: `np.fromiter` over counters 0.4 ms, `torch.tensor` of lists
-    4x that)."""
+    numpy, not Python objects (`torch.tensor` of Python lists converts element by element, slower than numpy's
+    arrays)."""
     rows = [b for b in penalised if len(history[b])] if history is not None else []
     if not rows:
         return None

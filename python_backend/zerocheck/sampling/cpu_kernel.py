@@ -38,9 +38,9 @@ from .ops import GROUP, GROUP_SALT, HIST_BUCKETS, HIST_RANGE, TOP_P_RETRY_SALT
 from .params import SamplingParams
 
 # rows are spread over numba's threads (OpenMP, zerocheck.jit) in batches of at least PARALLEL_ROWS rows or
-# with at least PARALLEL_TOP_P_ROWS dense top-p rows (70-250 us each at V = 128256); lighter batches run in
-# the calling thread. Measured at 32 x 128256 on 2 cores (two runs each, ms): greedy 1.20-1.28 serial vs
-# 0.83-1.22 threaded, T=0.7 1.82-2.54 vs 1.27-1.73, top-k 50 1.68-2.49 vs 1.26-1.50
+# with at least PARALLEL_TOP_P_ROWS dense top-p rows (the heaviest rows: several passes over the vocabulary
+# each); lighter batches run in the calling thread, where the hand-off to the threads would cost more than it
+# saves (benchmarks/sampler.py times both)
 PARALLEL_ROWS = 8
 PARALLEL_TOP_P_ROWS = 2
 INSERTED_CANDIDATES = 256  # top-k candidates up to this many are sorted by insertion as they are found
@@ -79,7 +79,7 @@ def _bucket(y):
 def _group_exp_parts(row, start, n, top, inv_t, lower, w, bits):
     """`exp_parts` of y = (row - top) * inv_t for the n tokens from start: w[i] * 2**k (bits[i] holds 2**k's
     float32 bits) is exp(y), w[i] = 0 at or below EXP_FLOOR and below lower. Vectorises; the caller multiplies
-    by bits.view(float32) in its own loop, with its sums (a separate pass over w: 41 -> 51 us a row)."""
+    by bits.view(float32) in its own loop, with its sums (one pass over w fewer than a separate multiply)."""
     for i in range(n):
         y = (row[start + i] - top) * inv_t
         z = y if y > EXP_FLOOR else EXP_FLOOR
@@ -125,8 +125,8 @@ def _group_masses(row, gmax, top, inv_t, lower, mass, hist, only, weights):
 
 def _stored_masses(row, gmax, top, inv_t, lower, weights, mass):
     """`_group_masses`' masses from the weights it kept: mass[g] = the float32 sum of weights over group g's
-    tokens with y >= lower (groups whose maximum is below lower: 0). A vectorised pass without exp: at
-    V = 128256, a top-p row's second pass 50 -> 18 us."""
+    tokens with y >= lower (groups whose maximum is below lower: 0). A vectorised pass without exp: a top-p
+    row's second pass reads the kept weights instead of computing exp again."""
     vocab = row.shape[0]
     for g in range(mass.shape[0]):
         if (gmax[g] - top) * inv_t < lower:
@@ -188,8 +188,7 @@ def _group_maxima(row, gm):
     (the first group holding the row's largest value, whether the row holds NaN). On int32 keys ordered as
     the floats (a float's bits when its sign is clear, minus its magnitude bits when set: -0.0 and +0.0 are
     one key): a float max reduction with NaN checks does not vectorise, an int32 one does (the casts keep
-    numba's int64 promotion out of the lanes). Measured at 32 x 128256 on 2 threads, three runs: 167-200 us,
-    torch's group amax 181-234, one amax over the rows 113-134."""
+    numba's int64 promotion out of the lanes)."""
     vocab = row.shape[0]
     bits = row.view(np.int32)
     out = gm.view(np.int32)
@@ -231,7 +230,7 @@ def _candidates(row, gmax, low):
     value descending, ids ascending among equal values: (values float32, ids int64). A first pass counts
     each group's hits (vectorised); the second reads a group only up to its last hit and inserts each hit
     into the sorted output (about k + 1 hits, one a group); more than INSERTED_CANDIDATES (ties at low) are
-    sorted by a stable argsort instead. Measured at V = 128256, k = 50: 9.5 -> 5.4 us a row."""
+    sorted by a stable argsort instead (a few insertions cost less than a sort)."""
     vocab = row.shape[0]
     hits = np.zeros(gmax.shape[0], np.int32)
     count = 0

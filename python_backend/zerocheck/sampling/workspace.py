@@ -1,5 +1,5 @@
-"""Reusable scratch tensors for the dense [R, V] passes: a fresh 16 MB tensor per call costs page
-faults that are as slow as the pass itself on CPU. One workspace per thread."""
+"""Reusable scratch tensors for the dense [R, V] passes: a fresh 16 MB tensor per call on CPU page-faults its
+memory in again on every call, where a reused one is already mapped. One workspace per thread."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ import torch
 class Workspace(threading.local):
     """`get(name, shape, dtype, device)`: a tensor of that shape, reused across calls (uninitialised);
     `array(name, shape, dtype)`: the same as a host numpy array, for the compiled kernels (a numpy slice and
-    reshape cost a tenth of a tensor's: ~0.25 vs 2.5 us, several times that right after a decoder step)."""
+    reshape cost far less than a tensor's, whose dispatch is dearer still right after a decoder step)."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple, torch.Tensor] = {}

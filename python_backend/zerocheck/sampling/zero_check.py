@@ -68,8 +68,8 @@ def resolve_posinf(x: torch.Tensor, tokens: torch.Tensor, row_max: torch.Tensor,
 
 
 def all_finite(values: torch.Tensor) -> bool:
-    """Whether every value is finite; on the CPU by numpy: a small torch op costs 20-50 us there right after a
-    decoder forward swept the caches, numpy's a few."""
+    """Whether every value is finite; on the CPU by numpy: a small torch op's dispatch costs far more there than
+    numpy's, most of all right after a decoder forward swept the caches."""
     if values.device.type == "cpu":
         return bool(np.isfinite(values.numpy()).all())
     return bool(torch.isfinite(values).all())
@@ -138,10 +138,10 @@ class ZeroCheckSampler:
     def _draw(self, x: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(tokens, row_max, whether every row's max is finite)."""
         size = batch.size
-        if self.compiled and x.device.type == "cpu":  # numpy in and out: a host tensor op costs several times more
+        if self.compiled and x.device.type == "cpu":  # numpy in and out: a host tensor op's dispatch costs more
             tokens, row_max = np.empty(size, np.int64), np.empty(size, np.float32)
             # scratch reused: a fresh array, freed at the top of the heap, lets glibc trim the heap, and a trim after
-            # another op's large frees stalled calls 5-16 ms on this 2-core VM (measured)
+            # another op's large frees stalls the call
             maxima = self._workspace.array("group_max", (size, -(-x.shape[1] // ops.GROUP)), np.float32)
             weights = self._workspace.array("weights", tuple(x.shape), np.float32)  # touched by top-p rows only
             finite = cpu_kernel.draw_rows(x, batch, tokens, row_max, maxima, weights)

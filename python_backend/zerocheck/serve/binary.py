@@ -95,11 +95,11 @@ def server_environment(binary: Path, base: dict[str, str] | None = None) -> dict
     """Environment for `binary`: the wheel's `nvidia_pytriton.libs` on LD_LIBRARY_PATH (the copied stub
     needs its libcudart), this interpreter's `bin` first on PATH (so the stub's Python uses this venv),
     and OMP_WAIT_POLICY=PASSIVE unless set: the model stubs take turns on the same cores, and OpenMP
-    threads that spin after each torch op take the CPU from the model that runs next (measured:
-    benchmarks/e2e.py TPOT at one stream 16.4 -> 13-14 ms on 2 cores); and GOMP_SPINCOUNT=10000 unless
-    set (libgomp: spin ~0.1 ms before sleeping, which PASSIVE alone sets to 0): the ops of one forward
-    follow each other within microseconds, and waking a sleeping thread for each of them doubled the
-    packed bf16 decoder's step (58.8 vs 30.3 ms at batch 1)."""
+    threads that spin after each torch op take the CPU from the model that runs next (benchmarks/e2e.py
+    measures the time per output token); and GOMP_SPINCOUNT=10000 unless set (libgomp: spin that many
+    times before sleeping, which PASSIVE alone sets to 0): the ops of one forward follow each other within
+    microseconds, and waking a sleeping thread for each of them slows the packed bf16 decoder's step
+    (benchmarks/decoder.py measures it)."""
     env = dict(os.environ if base is None else base)
     for name, value in THREAD_ENVIRONMENT.items():
         env.setdefault(name, value)

@@ -20,8 +20,8 @@ from zerocheck.serve.server import RESTRICTED_APIS, TritonServerError
 from zerocheck.serve.stack import ServingStack
 
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
-# the demo samples at a low temperature: at the API's default of 1 this 135M model wanders off in about half of
-# its answers (its first token alone, fp32: "The" 0.55, "Paris" 0.13, then a long tail; 4 of 6 answers were off)
+# the demo samples at a low temperature: at the API's default of 1 this 135M model's answers often wander off
+# (past its few likely first tokens its distribution has a long tail, and a draw from the tail derails the answer)
 DEMO_TEMPERATURE, DEMO_TOP_P = 0.2, 0.9
 TRY_BODY = {"messages": json.dumps([{"role": "user", "content": "Write a haiku about the sea."}]), "max_tokens": 64}
 

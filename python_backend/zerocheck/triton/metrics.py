@@ -9,7 +9,7 @@ from typing import Any, Callable
 class DeferredMetrics:
     """Counter increments and gauge values kept in the process and handed to Triton together, at most
     every `interval_s`, or at once when a gauge changes: every pb_utils metric call is a round trip to
-    the server process (~0.1 ms), too dear to pay per decode step. A model calls `flush` at the end of
+    the server process, too dear to pay per decode step. A model calls `flush` at the end of
     each execute; counters then lag by at most `interval_s` while it runs, and are exact at rest as
     long as its last execute changed a gauge (the decoder's last one frees a KV slot)."""
 
