@@ -252,9 +252,15 @@ def test_overload_is_429_with_retry_after_on_every_door(tritonserver_binary, tmp
     try:
         stack.wait_ready(conftest.READY_TIMEOUT_S)
         client = openai.OpenAI(base_url=stack.openai_url, api_key="unused", max_retries=0)
-        busy = client.completions.create(model="tiny", prompt="def f():", max_tokens=200, stream=True,
+        messages = anthropic.Anthropic(base_url=stack.anthropic_url, api_key="unused", max_retries=0)
+        messages.messages.create(model="tiny", max_tokens=1, messages=[{"role": "user", "content": "hi"}])  # warm
+        busy = client.completions.create(model="tiny", prompt="def f():", max_tokens=248, stream=True,
                                          extra_body={"ignore_eos": True})
-        next(iter(busy))  # the one slot is taken
+        next(iter(busy))  # the one slot is taken (for as long as 248 tokens take: every refusal below is immediate)
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            messages.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "def g():"}])
+        assert limited.value.response.headers["retry-after"] == "1"
+        assert limited.value.body["error"]["type"] == "rate_limit_error"
         with pytest.raises(openai.RateLimitError) as error:
             client.completions.create(model="tiny", prompt="def g():", max_tokens=4)
         assert error.value.response.headers["Retry-After"] == "1" and error.value.code == "RESOURCE_EXHAUSTED"
@@ -262,11 +268,6 @@ def test_overload_is_429_with_retry_after_on_every_door(tritonserver_binary, tmp
                              json={"text_input": "def g():", "max_tokens": 4}, timeout=30)
         assert door.status_code == 429 and door.headers["Retry-After"] == "1"
         assert door.json()["error"].startswith("RESOURCE_EXHAUSTED: overloaded")
-        messages = anthropic.Anthropic(base_url=stack.anthropic_url, api_key="unused", max_retries=0)
-        with pytest.raises(anthropic.RateLimitError) as limited:
-            messages.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "def g():"}])
-        assert limited.value.response.headers["retry-after"] == "1"
-        assert limited.value.body["error"]["type"] == "rate_limit_error"
         busy.close()
     finally:
         stack.stop()
