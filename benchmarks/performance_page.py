@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,11 +78,18 @@ def precision_section(data: dict) -> list[str]:
              "tokens (teacher forcing) over 20 prompts x 64 tokens; top-1 agreement with fp32 at every position."]
     if "cpu" in data:
         lines += ["", machine(data) + "."]
-    lines += ["", "| variant | top-1 agreement | free-running greedy identical |", "|---|---|---|"]
+    lines += ["", "| variant | top-1 agreement | free-running greedy identical | free-running: median position of "
+              "the first token that differs |", "|---|---|---|---|"]
     for variant, result in data.get("variants", data).items():
         if isinstance(result, dict) and "top1_agreement" in result:
-            lines.append(f"| {variant} | {result['top1_agreement']:.1%} | "
-                         f"{result['identical_free_running']}/{result['prompts']} prompts |")
+            agreement = "-" if result["top1_agreement"] is None else f"{result['top1_agreement']:.1%}"
+            name = "OpenVINO GenAI (its LLMPipeline on the GGUF; no logits out)" if variant == "genai" else variant
+            firsts = [result["tokens"] if row["free_running_diverges_at"] is None else row["free_running_diverges_at"]
+                      for row in result["rows"]]  # an identical prompt counts as differing after its last token
+            median = statistics.median(firsts)
+            first = f"{median:g}" if median < result["tokens"] else f"none of {result['tokens']}"
+            lines.append(f"| {name} | {agreement} | {result['identical_free_running']}/{result['prompts']} prompts | "
+                         f"{first} |")
     return lines + [""]
 
 

@@ -1,12 +1,14 @@
 """Reduced precision (openvino int8 and int4 weights; torch bf16, bf16 with int4 weights and an int8 lm_head in
 one-row steps) against fp32 on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
 
-    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8]
+    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8 genai]
 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
 first position where each prompt's free-running greedy text leaves fp32's, and the largest logit gap;
 writes benchmarks/results/precision.json. The bar we hold a default dtype to: >= 98 % of positions agree.
+Variant `genai` is OpenVINO GenAI's LLMPipeline on the packaged GGUF, run greedily from the same prompt ids:
+its API hands out no logits, so it has the free-running figures only.
 """
 from __future__ import annotations
 
@@ -74,6 +76,30 @@ def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_
             "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
 
 
+def genai_free_running(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]],
+                       tokens: int) -> dict:
+    """OpenVINO GenAI's greedy tokens from the same prompt ids against the fp32 references (no top-1 figure)."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as genai
+
+    from peers import packaged_gguf
+
+    pipe = genai.LLMPipeline(str(packaged_gguf()), "CPU", {})
+    config = genai.GenerationConfig()
+    config.max_new_tokens, config.do_sample, config.ignore_eos = tokens, False, True
+    rows = []
+    for prompt, (reference, _) in zip(all_prompts, references):
+        ids = np.array([prompt], dtype=np.int64)
+        free = [int(t) for t in pipe.generate(genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
+                                              config).tokens[0]]
+        diverges = next((i for i, (a, b) in enumerate(zip(reference, free)) if a != b), None)
+        rows.append({"prompt_tokens": len(prompt), "free_running_diverges_at": diverges})
+        print(f"  free-running greedy {'identical' if diverges is None else f'leaves fp32 at token {diverges}'}")
+    return {"prompts": len(rows), "tokens": tokens, "top1_agreement": None, "rows": rows,
+            "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
@@ -82,7 +108,7 @@ def main() -> None:
                         default=["openvino:int8", "openvino:int4", "openvino:fp32", "torch:bf16",
                                  "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
-                             "steps (all decode steps here are one row)")
+                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "precision.json")
     args = parser.parse_args()
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
@@ -91,6 +117,12 @@ def main() -> None:
     results = {}
     for variant in args.variants:
         print(f"{variant} vs torch:fp32")
+        if variant == "genai":
+            result = genai_free_running(references, all_prompts, args.tokens)
+            print(f"{variant} vs fp32: free-running greedy identical for {result['identical_free_running']}/"
+                  f"{result['prompts']} prompts")
+            results[variant] = result
+            continue
         result = compare(references, load_decoder(args.artifacts, max_slots=1, **variant_options(variant)),
                          all_prompts, args.tokens)
         agree = result["top1_agreement"]
