@@ -59,15 +59,11 @@ class Reply:
             self.stop_reason, self.stop_sequence = "stop_sequence", self.stop.matched
         elif chunk.final:
             self.stop_reason = STOP_REASON.get(str(chunk.fields["finish_reason"]), "end_turn")
-            if self.stop_reason == "stop_sequence":  # the server stopped at a stop word's tokens
-                self.stop_sequence = self._stop_at_end()
+            if self.stop_reason == "stop_sequence" and self.stop.stops:
+                # the server stopped on a stop word's tokens whose text the matcher never saw (any stop string
+                # in the text would have matched above): it cannot tell which, so the first is named
+                self.stop_sequence = self.stop.stops[0]
         return text
-
-    def _stop_at_end(self) -> str | None:
-        """The stop sequence the text ends with (the server stopped on its tokens), else the first one."""
-        whole = "".join(self.text)
-        return next((stop for stop in self.stop.stops if whole.endswith(stop)), self.stop.stops[0] if self.stop.stops
-                    else None)
 
     @property
     def done(self) -> bool:
@@ -138,7 +134,7 @@ class AnthropicRoutes:
             if call.conversation.prefill is not None:
                 call = with_prompt(call, self._prompt(call.conversation, "a final assistant turn (prefill)"))
             limit = await self.output_limit()
-            if limit is not None and call.max_tokens >= limit:
+            if limit is not None and call.generate.max_tokens >= limit:
                 call = up_to_server_limit(call)
             chunks = generation(self.client, self.model, call.generate, request.headers, PARAM_OF)
             try:  # leaving early (a stop sequence, a disconnect) cancels the generation

@@ -13,14 +13,13 @@ field the API does not know.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.frontend.errors import FrontendError, invalid
-from zerocheck.frontend.fields import boolean, number
+from zerocheck.frontend.fields import boolean, number, sampling_fields
 from zerocheck.frontend.path import asks_zero_check
 
 # Anthropic's error types by status (its SDK picks the exception class by status)
@@ -61,7 +60,6 @@ class MessagesCall:
 
     model: str
     stream: bool
-    max_tokens: int
     conversation: Conversation
     generate: GenerateRequest
     id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
@@ -165,24 +163,12 @@ def parse_messages(body: Any, headers: Mapping[str, str]) -> MessagesCall:
     model = _model(body)
     if body.get("max_tokens") is None:
         raise invalid("max_tokens: Field required", "max_tokens")
-    max_tokens = int(number(body, "max_tokens", 1, 2**31 - 1, integer=True))
+    max_tokens = number(body, "max_tokens", 1, 2**31 - 1, integer=True)
     turns = conversation(body)
-    sampling = {"temperature": number(body, "temperature", 0, 1),
-                "top_p": number(body, "top_p", 0, 1, low_open=True),
-                "top_k": number(body, "top_k", 0, 2**31 - 1, integer=True),
-                "min_p": number(body, "min_p", 0, 1),
-                "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True),
-                "presence_penalty": number(body, "presence_penalty", -2, 2),
-                "frequency_penalty": number(body, "frequency_penalty", -2, 2)}
-    seed = number(body, "seed", -(2**63), 2**64 - 1, integer=True)
-    request_fields = dict(
-        max_tokens=max_tokens, seed=None if seed is None else seed % 2**64, stop=_stop_sequences(body),
-        min_tokens=number(body, "min_tokens", 0, 2**31 - 1, integer=True),
-        zerocheck=asks_zero_check(headers, default=False), request_id=headers.get("x-request-id"),
-        end_id=-1 if boolean(body, "ignore_eos") else None,
-        **{name: value for name, value in sampling.items() if value is not None})
-    generate = GenerateRequest.build(None, messages=turns.messages, **request_fields)
-    return MessagesCall(model, boolean(body, "stream"), max_tokens, turns, generate)
+    generate = GenerateRequest.build(None, messages=turns.messages, max_tokens=max_tokens, stop=_stop_sequences(body),
+                                     zerocheck=asks_zero_check(headers, default=False),
+                                     request_id=headers.get("x-request-id"), **sampling_fields(body, max_temperature=1))
+    return MessagesCall(model, boolean(body, "stream"), turns, generate)
 
 
 def with_prompt(call: MessagesCall, prompt: str) -> MessagesCall:

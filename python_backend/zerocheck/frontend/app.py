@@ -1,5 +1,5 @@
-"""The front end's process: the OpenAI and Anthropic APIs on one port, the guarded door to Triton's HTTP on another,
-both under the same `HttpLimits` (body size and time, header size, idle connections)."""
+"""The front end's process: the OpenAI and Anthropic APIs on one port, the guarded door to Triton's HTTP on
+another, both under the same `HttpLimits` (body size and time, header size, idle connections)."""
 from __future__ import annotations
 
 import asyncio
@@ -85,7 +85,7 @@ class Frontend:
     def openai_app(self) -> web.Application:
         """The OpenAI and the Anthropic APIs, on one port."""
         options = self.options
-        middlewares = [json_errors]
+        middlewares = [json_errors]  # outermost: it renders the key check's refusals too
         if options.api_key is not None:
             middlewares.append(client_key_middleware(options.api_key, self.metrics))
         app = web.Application(middlewares=middlewares)

@@ -1,13 +1,13 @@
 """The client API key of the OpenAI and Anthropic APIs: with one configured, every `/v1/` request must
 carry it as `x-api-key: KEY` (Anthropic's SDK) or `Authorization: Bearer KEY` (OpenAI's); else 401 in
-the API's own error shape. `/health` and `/metrics` stay open (probes and Prometheus)."""
+the API's own error shape (app.json_errors renders the refusal). `/health` and `/metrics` stay open
+(probes and Prometheus)."""
 from __future__ import annotations
 
 import hmac
 
 from aiohttp import web
 
-from zerocheck.frontend.anthropic_routes import AnthropicRoutes
 from zerocheck.frontend.errors import FrontendError
 from zerocheck.frontend.metrics import FrontendMetrics
 
@@ -36,9 +36,8 @@ def client_key_middleware(api_key: str, metrics: FrontendMetrics):
             return await handler(request)
         metrics.answered(ENDPOINT_OF.get(request.path, "models"), 401)
         what = "no API key" if given is None else "an invalid API key"
-        if request.path.startswith("/v1/messages"):
-            return AnthropicRoutes.error_response(FrontendError(401, f"{what}: send header x-api-key"))
-        return FrontendError(401, f"{what}: send header Authorization: Bearer <key>", code="invalid_api_key").response()
+        raise FrontendError(401, f"{what}: send header x-api-key: <key> or Authorization: Bearer <key>",
+                            code="invalid_api_key")
 
     return require_key
 

@@ -15,9 +15,9 @@ from zerocheck.api.errors import ErrorCode
 from zerocheck.clients.errors import Cancelled, InvalidRequest, Timeout, Unavailable, ZerocheckError
 
 RETRY_AFTER_S = 1
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
-          429: "rate_limit_error", 499: "cancelled", 500: "server_error", 503: "service_unavailable",
-          504: "timeout"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 408: "timeout",
+          413: "invalid_request_error", 429: "rate_limit_error", 499: "cancelled", 500: "server_error",
+          503: "service_unavailable", 504: "timeout"}
 
 
 class FrontendError(Exception):

@@ -52,4 +52,22 @@ def boolean(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-__all__ = ["boolean", "json_body", "number"]
+def sampling_fields(body: Mapping[str, Any], max_temperature: float) -> dict[str, Any]:
+    """The sampling fields both APIs take, validated, as `GenerateRequest.build` keywords (absent ones left
+    out): temperature in [0, max_temperature], top_p, top_k, min_p, the penalties, seed (taken modulo 2**64),
+    min_tokens, and ignore_eos (no end id)."""
+    sampling = {"temperature": number(body, "temperature", 0, max_temperature),
+                "top_p": number(body, "top_p", 0, 1, low_open=True),
+                "presence_penalty": number(body, "presence_penalty", -2, 2),
+                "frequency_penalty": number(body, "frequency_penalty", -2, 2),
+                "top_k": number(body, "top_k", 0, 2**31 - 1, integer=True),
+                "min_p": number(body, "min_p", 0, 1),
+                "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True)}
+    seed = number(body, "seed", -(2**63), 2**64 - 1, integer=True)
+    return {**{name: value for name, value in sampling.items() if value is not None},
+            "seed": None if seed is None else seed % 2**64,
+            "min_tokens": number(body, "min_tokens", 0, 2**31 - 1, integer=True),
+            "end_id": -1 if boolean(body, "ignore_eos") else None}
+
+
+__all__ = ["boolean", "json_body", "number", "sampling_fields"]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from zerocheck.clients.request import GenerateRequest
 from zerocheck.frontend.errors import invalid
-from zerocheck.frontend.fields import boolean, number
+from zerocheck.frontend.fields import boolean, number, sampling_fields
 from zerocheck.frontend.path import asks_zero_check
 from zerocheck.frontend.stops import StopMatcher
 
@@ -178,23 +178,13 @@ def parse_call(kind: str, body: Any, headers: Mapping[str, str]) -> Call:
     limit = body.get("max_completion_tokens") if kind == CHAT and "max_completion_tokens" in body else None
     max_tokens = number({"max_completion_tokens": limit} if limit is not None else body,
                          "max_completion_tokens" if limit is not None else "max_tokens", 1, 2**31 - 1, integer=True)
-    sampling = {"temperature": number(body, "temperature", 0, 2),
-                "top_p": number(body, "top_p", 0, 1, low_open=True),
-                "presence_penalty": number(body, "presence_penalty", -2, 2),
-                "frequency_penalty": number(body, "frequency_penalty", -2, 2),
-                "top_k": number(body, "top_k", 0, 2**31 - 1, integer=True),
-                "min_p": number(body, "min_p", 0, 1),
-                "repetition_penalty": number(body, "repetition_penalty", 0, math.inf, low_open=True)}
-    seed = number(body, "seed", -(2**63), 2**64 - 1, integer=True)
-    zerocheck = asks_zero_check(headers, default=True)
+    sampling = sampling_fields(body, max_temperature=2)
     generate = GenerateRequest.build(
         _prompt(body) if kind == TEXT else None,
         messages=_messages(body) if kind == CHAT else None,
-        max_tokens=max_tokens, seed=None if seed is None else seed % 2**64, stop=_stop(body),
-        min_tokens=number(body, "min_tokens", 0, 2**31 - 1, integer=True), zerocheck=zerocheck,
+        max_tokens=max_tokens, stop=_stop(body), zerocheck=asks_zero_check(headers, default=True),
         request_id=headers.get("x-request-id"), num_return_sequences=n if n > 1 else None,
-        return_log_probs=logprobs, top_log_probs=top, logit_bias=_logit_bias(body), end_id=-1 if boolean(body, "ignore_eos") else None,
-        **{name: value for name, value in sampling.items() if value is not None})
+        return_log_probs=logprobs, top_log_probs=top, logit_bias=_logit_bias(body), **sampling)
     return Call(kind, model, stream, include_usage, n, logprobs, generate)
 
 
