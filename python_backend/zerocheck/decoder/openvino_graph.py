@@ -96,10 +96,8 @@ def _packed(codes: np.ndarray, bits: int) -> ov.Node:
     """uint8 codes as a u8 Constant, or as u4 (two a byte, the first in the low nibble)."""
     if bits == 8:
         return ops.constant(codes)
-    packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))
+    packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))  # groups of 32: an even count of codes
     flat = codes.reshape(-1)
-    if flat.size % 2:
-        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
     packed.data[:] = flat[0::2] | (flat[1::2] << 4)
     return ov.op.Constant(packed)
 
