@@ -44,6 +44,10 @@ class GenerateRequest:
     top_log_probs: int = 0  # with return_log_probs: also this many alternatives per token
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     end_id: int | None = None  # -1: never stop at an end token
+    # structured output: guided_decoding_guide_type (json, json_schema, regex, ebnf_grammar, lark, choice) and
+    # guided_decoding_guide (the schema, regex, grammar or JSON array of choices; none for json)
+    guide_type: str | None = None
+    guide: str | None = None
 
     @classmethod
     def build(cls, prompt: str | None, *, messages: Sequence[Mapping[str, str]] | None = None, stop: str | list[str] | tuple[str, ...] | None = None,
@@ -53,7 +57,7 @@ class GenerateRequest:
         for name in SAMPLING_NAMES:
             fields.pop(name, None)
         unknown = set(fields) - {"max_tokens", "seed", "min_tokens", "zerocheck", "request_id", "num_return_sequences",
-                                 "return_log_probs", "top_log_probs", "logit_bias", "end_id"}
+                                 "return_log_probs", "top_log_probs", "logit_bias", "end_id", "guide_type", "guide"}
         if unknown:
             raise TypeError(f"unknown generate argument(s): {', '.join(sorted(unknown))}")
         if (prompt is None) == (messages is None):
@@ -73,7 +77,8 @@ class GenerateRequest:
                     "return_log_probs": self.return_log_probs or None,
                     "return_top_log_probs": self.top_log_probs or None,
                     "logit_bias_ids": [token for token, _ in self.logit_bias],
-                    "logit_bias_values": [bias for _, bias in self.logit_bias]}
+                    "logit_bias_values": [bias for _, bias in self.logit_bias],
+                    "guided_decoding_guide_type": self.guide_type, "guided_decoding_guide": self.guide}
         values.update({name: value for name, value in optional.items() if value not in (None, [])})
         return values
 

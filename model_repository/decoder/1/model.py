@@ -46,7 +46,9 @@ class TritonPythonModel:
         set_spin_count(params.omp_spin_count)
         from zerocheck.decoder import load_decoder
         from zerocheck.decoder.service import DecoderService, StepRows
+        from zerocheck.grammar import GrammarCompiler
         from zerocheck.sampling.cuda_graph import make_sampler
+        from zerocheck.tokenizer import load_tokenizer
 
         self.step_rows = StepRows
         engine = load_decoder(config.artifacts_dir(), backend=params.backend, max_slots=params.max_slots,
@@ -56,7 +58,9 @@ class TritonPythonModel:
                               int4_single_row=params.int4_single_row,
                               int8_lm_head_single_row=params.int8_lm_head_single_row,
                               prefix_cache_tokens=params.prefix_cache_tokens)
-        self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device))
+        grammars = GrammarCompiler.for_tokenizer(load_tokenizer(config.artifacts_dir()), engine.vocab_size)
+        self.service = DecoderService(engine, make_sampler(engine.vocab_size, config.max_batch_size, engine.device),
+                                      grammars)
         self.delay_s = params.test_delay_ms / 1000.0
         labels = {"model": config.name}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER

@@ -3,7 +3,8 @@
 parameter `interface` says which interface a request speaks), so one admission and one scheduler serve them all.
 
 Every request runs as a task on the stub's asyncio event loop (Triton 2.51's Python backend crashes
-when pb_utils objects are used from several threads, so nothing here uses threads). A
+when pb_utils objects are used from several threads, so only the loop touches them; guides compile in the
+grammar compiler's worker threads, awaited by the loop). A
 `StepScheduler` batches the decode steps of all active sequences: one BLS call per iteration and path
 carries every sequence of that path as a row (zero-check: `decoder`, whose sampler is fused after the
 forward; checked: `checked_step`, the decoder then the check layer's models). A request may hold
@@ -17,6 +18,7 @@ from zerocheck.api.errors import ErrorCode, InvalidRequest, code_of, error_from_
 from zerocheck.api.sampler_path import SamplerPath
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.service import GenerateService
+from zerocheck.grammar import GrammarCompiler
 from zerocheck.wire.step import STEP_MODELS, STEP_OUTPUTS, release_arrays, step_arrays, step_results
 from zerocheck.triton.watchdog import StubWatchdog, stop_server
 from zerocheck.api.request import ENGINE_INPUTS, Limits
@@ -120,7 +122,8 @@ class TritonPythonModel:
         # every KV-cache slot by default: the decoder's refuses a sequence only when all are taken
         max_active = params.max_concurrent_sequences or int(config.sibling_parameter("decoder", "max_slots"))
         self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
-                                       params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe)
+                                       params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe,
+                                       grammars=GrammarCompiler.for_tokenizer(tokenizer))
         self.test_delay_s = params.test_delay_ms / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (a door forwards its own)
         self.relays: dict[str, Relay] = {}  # a door's relayed requests, by request id
@@ -195,6 +198,11 @@ class TritonPythonModel:
             self.stopped.setdefault(request_id, False)
         sequences = sum(row.request.num_return_sequences for row in rows)
         try:
+            try:
+                await self.service.check_guides(rows)
+            except Exception:
+                self.service.release_reservation(sequences)
+                raise
             if self.test_delay_s and rows[0].request.retry_reason is None:
                 await asyncio.sleep(self.test_delay_s)  # test-only: a slow first attempt, so a hedge or retry wins
             async with self.service.admission(sequences):

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from zerocheck.api.errors import InvalidRequest
+from zerocheck.grammar.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, GUIDE_TYPES, Guide, parse_guide
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
 from zerocheck.sampling.params import fresh_seed
 from zerocheck.tokenizer.chat import ROLES as CHAT_ROLES, Message
@@ -29,11 +30,16 @@ class InputSpec:
     name: str
     dtype: str  # Triton type: TYPE_STRING, TYPE_INT32, ...
     dims: tuple[int, ...] = (1,)
-    role: str = "scalar"  # scalar | text | chat | words | list | unsupported | ignored
+    role: str = "scalar"  # scalar | text | chat | words | list | guide | unsupported | ignored
     doc: str = ""
 
 
 _TRITON_OF = {float: "TYPE_FP32", int: "TYPE_INT32"}
+GUIDE_SPECS = (InputSpec(GUIDE_TYPE_INPUT, "TYPE_STRING", role="guide",
+                         doc=f"structured output: the guide's type, one of {', '.join(GUIDE_TYPES)}"),
+               InputSpec(GUIDE_INPUT, "TYPE_STRING", role="guide",
+                         doc="the JSON schema, regex, grammar or JSON array of choices the answer matches "
+                             "(none for json: any JSON object)"))
 TOP_LOG_PROBS = 20  # the most alternatives per token the checked path returns (OpenAI's top_logprobs limit)
 SAMPLING_INPUTS = tuple(InputSpec(spec.name, _TRITON_OF[spec.kind], doc=spec.doc) for spec in SAMPLING_PARAMETERS)
 
@@ -77,8 +83,7 @@ GENERATE_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("lora_task_id", "TYPE_UINT64", role="unsupported", doc="LoRA: not served"),
     InputSpec("lora_weights", "TYPE_FP16", (-1, -1), role="unsupported", doc="LoRA: not served"),
     InputSpec("lora_config", "TYPE_INT32", (-1, 3), role="unsupported", doc="LoRA: not served"),
-    InputSpec("guided_decoding_guide_type", "TYPE_STRING", role="unsupported", doc="guided decoding: not served"),
-    InputSpec("guided_decoding_guide", "TYPE_STRING", role="unsupported", doc="guided decoding: not served"),
+    *GUIDE_SPECS,
     InputSpec("num_draft_tokens", "TYPE_INT32", doc="speculative decoding: only 0"),
     InputSpec("use_draft_logits", "TYPE_BOOL", doc="speculative decoding: only false"),
     InputSpec("return_num_input_tokens", "TYPE_BOOL", doc="return num_input_tokens (the prompt's tokens)"),
@@ -127,6 +132,7 @@ TOKEN_INPUTS: tuple[InputSpec, ...] = (
     InputSpec("lora_weights", "TYPE_FP16", (-1, -1), role="unsupported", doc="LoRA: not served"),
     InputSpec("lora_config", "TYPE_INT32", (-1, 3), role="unsupported", doc="LoRA: not served"),
     InputSpec("draft_input_ids", "TYPE_INT32", (-1,), role="unsupported", doc="speculative decoding: not served"),
+    *GUIDE_SPECS,
 )
 TOKEN_INPUTS_BY_NAME = {spec.name: spec for spec in TOKEN_INPUTS}
 # `generate`'s inputs: the text interface's and, for requests with `interface: tokens`, the token interface's
@@ -192,6 +198,7 @@ class GenerateRequest:
     return_num_output_tokens: bool = False
     zerocheck: bool = True
     retry_reason: str | None = None
+    guide: Guide | None = None  # structured output: what the answer must match
 
     @property
     def is_chat(self) -> bool:
@@ -324,6 +331,13 @@ def _request(values: Mapping[str, Any], parameters: Mapping[str, Any], limits: L
         sampling = replace(sampling, bad_words=fields.pop("bad_ids"))
     fields.pop("bad_ids", None)
     min_tokens = values.get("min_tokens", values.get("min_length", 0))
+    guide = fields.get("guide")
+    if guide is not None and min_tokens:
+        raise InvalidRequest(f"min_tokens cannot be combined with {GUIDE_TYPE_INPUT}: the guide decides where "
+                             f"the answer ends")
+    if guide is not None and values.get("end_id") == -1:
+        raise InvalidRequest(f"end_id -1 (never stop at an end token) cannot be combined with {GUIDE_TYPE_INPUT}: "
+                             f"a finished guide allows only the end tokens")
     return GenerateRequest(
         max_tokens=_bounded_int("max_tokens", values["max_tokens"], 1, limits.max_output_tokens)
         if "max_tokens" in values else None,
@@ -371,7 +385,7 @@ def parse_generate_request(arrays: Mapping[str, np.ndarray], parameters: Mapping
     return _request(values, parameters, limits, prompt=prompt, messages=messages,
                     bad_words=_words("bad_words", arrays["bad_words"], limits) if "bad_words" in arrays else (),
                     stop_words=_words("stop_words", arrays["stop_words"], limits) if "stop_words" in arrays else (),
-                    bias_words=_bias_words(arrays, limits), bias_ids=_bias_ids(arrays))
+                    bias_words=_bias_words(arrays, limits), bias_ids=_bias_ids(arrays), guide=_guide(arrays))
 
 
 def parse_token_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any],
@@ -394,7 +408,13 @@ def parse_token_request(arrays: Mapping[str, np.ndarray], parameters: Mapping[st
     if dense.size and not np.isfinite(dense).all():
         raise InvalidRequest("embedding_bias must be finite")
     return _request(values, parameters, limits, prompt_ids=ids[:length], stop_ids=words["stop_words_list"],
-                    bad_ids=words["bad_words_list"], dense_bias=tuple(dense.tolist()))
+                    bad_ids=words["bad_words_list"], dense_bias=tuple(dense.tolist()), guide=_guide(arrays))
+
+
+def _guide(arrays: Mapping[str, np.ndarray]) -> Guide | None:
+    """The request's guide (guided_decoding_guide_type / guided_decoding_guide), checked but not compiled."""
+    kind, text = (_scalar(name, arrays[name]) if name in arrays else None for name in (GUIDE_TYPE_INPUT, GUIDE_INPUT))
+    return parse_guide(kind, text)
 
 
 def decode_word_list(name: str, array: np.ndarray) -> tuple[tuple[int, ...], ...]:

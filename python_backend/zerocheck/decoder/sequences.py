@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from zerocheck.grammar import GUIDE_TYPE_INPUT, GrammarCompiler, GrammarMatcher, GuideError
 from zerocheck.sampling.history import TokenHistory
 from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.step import Registration
@@ -23,17 +24,32 @@ class SequenceState:
     history: TokenHistory | None  # kept when penalties or bad words read it
     end_ids: frozenset[int] = frozenset()  # a multi-step call stops the sequence after drawing one
     fed: int = 0
+    grammar: GrammarMatcher | None = None  # where the answer stands in its guide (structured output)
 
     @classmethod
-    def register(cls, registration: Registration) -> SequenceState:
+    def register(cls, registration: Registration, grammars: GrammarCompiler | None = None) -> SequenceState:
+        """The entry of a starting sequence; a guide needs `grammars` (GuideError when it cannot be served)."""
         params = registration.params
         if params.seed is None:  # its own noise stream for its whole life, wherever it sits in a batch
             params = replace(params, seed=fresh_seed())
         early = replace(params, bad_words=params.bad_words + tuple((end,) for end in registration.end_ids)) \
             if registration.min_tokens and registration.end_ids else params
         keeps = params.has_penalties or bool(params.bad_words)  # end-id bans are one token: no history needed
+        grammar = None
+        if registration.guide is not None:
+            if grammars is None:
+                raise GuideError(f"{GUIDE_TYPE_INPUT}: this decoder serves no guides")
+            grammar = grammars.matcher(registration.guide)
         return cls(params, early, registration.min_tokens, registration.prompt_length,
-                   TokenHistory() if keeps else None, frozenset(registration.end_ids))
+                   TokenHistory() if keeps else None, frozenset(registration.end_ids), grammar=grammar)
+
+    def sampled(self, tokens: list[int]) -> list[int]:
+        """Which of a step's `tokens` were sampled (not prompt): all of them once the prompt is in, else none."""
+        return tokens if self.prompt_length and self.fed >= self.prompt_length else []
+
+    def samples_after(self, count: int) -> bool:
+        """Whether a token is drawn for this sequence after a step that feeds it `count` ids (its prompt is in)."""
+        return self.fed + count >= (self.prompt_length or count)
 
     def feed(self, tokens: list[int]) -> None:
         """The ids of a step that went into the KV cache."""

@@ -14,10 +14,17 @@ asked for more tokens step again on the token just drawn, here, without a round 
 until each has its count or draws one of its registered end ids (`output_ids` holds them in order). The
 draws are the ones one-step calls would make (the same noise counter per sequence), so a seeded sequence
 gets the same tokens either way.
+
+Structured output: a sequence registered with a guide keeps a grammar matcher in its entry. Each step, the
+tokens it sampled advance the matcher before the forward, and the next token's bitmask of every guided row
+is filled in a helper thread while the forward runs (llguidance releases the GIL); after the forward the
+mask writes -inf at the disallowed tokens of those rows' logits (`zerocheck.sampling.token_mask`), before the
+fused sampler draws or the logits go to the checked chain. Every step of a multi-step call does the same.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,7 +34,9 @@ from zerocheck.api.errors import InternalError, InvalidRequest, Overloaded
 from zerocheck.decoder.engine import DecoderEngine, StepRequest, StepResult
 from zerocheck.decoder.errors import DecoderError, PoolFullError
 from zerocheck.decoder.sequences import SequenceState, SequenceTable
+from zerocheck.grammar import GUIDE_INPUT, GrammarCompiler, bitmask_words
 from zerocheck.sampling.params import SamplingParams
+from zerocheck.sampling.token_mask import TokenMask, apply_token_mask
 from zerocheck.wire.sampling import SamplerRow, sampler_arrays
 from zerocheck.wire.step import Registration, StepRow
 
@@ -74,8 +83,9 @@ class DecoderService:
     rows that want a token. forward_s / sample_s: seconds spent in each, summed over the service's life;
     forwards: steps run with tokens (a multi-step call runs several)."""
 
-    def __init__(self, engine: DecoderEngine, sampler: Any) -> None:
-        self.engine, self.sampler = engine, sampler
+    def __init__(self, engine: DecoderEngine, sampler: Any, grammars: GrammarCompiler | None = None) -> None:
+        self.engine, self.sampler, self.grammars = engine, sampler, grammars
+        self._masker = ThreadPoolExecutor(1, thread_name_prefix="zerocheck-mask") if grammars is not None else None
         self.table = SequenceTable()
         engine.pool.on_release = self.table.drop
         self.forward_s = self.sample_s = 0.0
@@ -83,14 +93,23 @@ class DecoderService:
 
     def run(self, requests: Sequence[StepRows]) -> list[StepAnswer]:
         rows = [row for request in requests for row in request.steps]
-        states = [SequenceState.register(row.registration or Registration(SamplingParams())) if row.start
-                  else self.table.get(row.seq_id) for row in rows]
+        refused: list[Exception | None] = [None] * len(rows)
+        states = [self._register(row, refused, index) if row.start else self.table.get(row.seq_id)
+                  for index, row in enumerate(rows)]
+        masks = self._start_masks(states, [row.tokens for row in rows], refused)
         result = self._forward([StepRequest(row.seq_id, row.tokens, row.start, row.end and row.steps == 1)
                                 for row in rows])
         sampled = time.perf_counter()
         errors = [None if error is None else client_error(error) for error in result.errors]
+        for index, error in enumerate(refused):
+            if error is not None and errors[index] is None:
+                errors[index] = error
+                self.engine.release(rows[index].seq_id)  # its first step took a slot
         self._advance(rows, states, errors)
+        mask = self._apply_masks(masks, result.logits)
         tokens = self._sample(requests, result.logits, states, errors)
+        if mask is not None:
+            self._check_drawn(mask, list(range(len(rows))), tokens, states, errors)
         self.sample_s += time.perf_counter() - sampled
         drawn = self._more_steps(rows, states, errors, tokens) if any(row.steps > 1 for row in rows) else None
         logits = result.logits.float().cpu().numpy() if any(r.want_logits for r in requests) else None
@@ -129,14 +148,17 @@ class DecoderService:
             live = [r for r in live if rows[r].steps > j]
             if not live:
                 break
+            refused: list[Exception | None] = [None] * len(live)
+            masks = self._start_masks([states[r] for r in live], [[int(drawn[r, j - 1])] for r in live], refused)
             result = self._forward([StepRequest(rows[r].seq_id, [int(drawn[r, j - 1])], False,
                                                 rows[r].end and j == rows[r].steps - 1) for r in live])
             sampled = time.perf_counter()
-            for r, error in zip(live, result.errors):
-                if error is None:
+            for r, error, guide_error in zip(live, result.errors, refused):
+                if error is None and guide_error is None:
                     states[r].feed([int(drawn[r, j - 1])])
                 else:
-                    errors[r] = client_error(error)
+                    errors[r] = client_error(error) if error is not None else guide_error
+            mask = self._apply_masks(masks, result.logits)
             ok = [i for i, r in enumerate(live) if errors[r] is None]
             if ok:
                 tokens, failed = self._draw(result.logits, ok, [states[live[i]] for i in ok])
@@ -145,6 +167,8 @@ class DecoderService:
                         drawn[live[i], j] = token
                     else:
                         errors[live[i]] = error
+                if mask is not None:
+                    self._check_drawn(mask, ok, drawn[live, j], [states[r] for r in live], errors, live)
             self.sample_s += time.perf_counter() - sampled
             live = [r for r in live if goes_on(r, j)]
         for r, row in enumerate(rows):
@@ -153,6 +177,69 @@ class DecoderService:
             elif row.end and row.steps > 1 and drawn[r, row.steps - 1] < 0:  # stopped early: the slot is still held
                 self.engine.release(row.seq_id)
         return drawn
+
+    def _register(self, row: StepRow, refused: list[Exception | None], index: int) -> SequenceState:
+        """A starting row's entry; a guide that cannot be served refuses the row (refused[index]) and leaves
+        an entry without it, so the row's forward runs with the others and its slot is then freed."""
+        registration = row.registration or Registration(SamplingParams())
+        try:
+            return SequenceState.register(registration, self.grammars)
+        except InvalidRequest as error:
+            refused[index] = error
+            return SequenceState.register(Registration(registration.params))
+
+    def _start_masks(self, states: Sequence[SequenceState | None], tokens: Sequence[list[int]],
+                     refused: list[Exception | None]) -> Future | None:
+        """Advance each guided row's matcher over the sampled `tokens` this step feeds it, then fill the next
+        token's bitmask of every guided row that samples after the step, in the mask thread (the forward runs
+        meanwhile): a Future of the TokenMask (None when no row is guided). A matcher that fails on a token
+        refuses its row (refused[i])."""
+        guided = [i for i, state in enumerate(states) if state is not None and state.grammar is not None
+                  and refused[i] is None]
+        if not guided:
+            return None
+        rows = np.zeros(len(states), bool)
+        for i in guided:
+            state = states[i]
+            state.grammar.consume(state.sampled(tokens[i]))
+            if state.grammar.error is not None:
+                refused[i] = InvalidRequest(f"{GUIDE_INPUT}: the answer left the guide ({state.grammar.error})")
+            elif state.samples_after(len(tokens[i])):
+                rows[i] = True
+        if not rows.any():
+            return None
+        bits = np.full((len(states), bitmask_words(self.engine.vocab_size)), -1, np.int32)
+
+        def fill() -> TokenMask:
+            for i in np.flatnonzero(rows).tolist():
+                states[i].grammar.fill(bits, i)
+            return TokenMask(bits, rows)
+
+        return self._masker.submit(fill)
+
+    @staticmethod
+    def _apply_masks(masks: Future | None, logits) -> TokenMask | None:
+        """The step's token mask, written into `logits` (-inf at the tokens the guides do not allow)."""
+        if masks is None:
+            return None
+        mask = masks.result()
+        apply_token_mask(logits, mask)
+        return mask
+
+    @staticmethod
+    def _check_drawn(mask: TokenMask, index: list[int], tokens: np.ndarray, states: Sequence[SequenceState | None],
+                     errors: list[Exception | None], positions: Sequence[int] | None = None) -> None:
+        """A guided row whose draw its mask does not allow (the guide allowed no token at all) fails with that
+        error. index: mask rows to check; tokens: each row's draw (by mask row); positions: each mask row's
+        row in `errors` (default the same)."""
+        for i in index:
+            where = positions[i] if positions is not None else i
+            token = int(tokens[i])
+            if mask.rows[i] and errors[where] is None and token >= 0 and not mask.allows(i, token):
+                state = states[i]
+                reason = state.grammar.error if state is not None and state.grammar is not None else None
+                errors[where] = InvalidRequest(f"{GUIDE_INPUT}: no token continues the guide here"
+                                               + (f" ({reason})" if reason else ""))
 
     def _advance(self, rows: list[StepRow], states: list[SequenceState | None], errors: list[Exception | None]) -> None:
         """Feed each row's ids into its entry; a started sequence that holds its slot joins the table

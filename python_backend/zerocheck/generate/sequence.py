@@ -157,8 +157,8 @@ class Sequence:
             self._chunk, tokens = 0, self.ids[-1:]
         steps = 1 if self.prefill_left else max(1, min(steps, self.tokens_left))
         self._sent_end = step + steps == self.max_tokens and self._chunk == self.prefill_left
-        registration = Registration(self.sampling, self.request.min_tokens, self.end_ids, len(self.prompt_ids)) \
-            if start else None
+        registration = Registration(self.sampling, self.request.min_tokens, self.end_ids, len(self.prompt_ids),
+                                    self.request.guide) if start else None
         return StepCall(seq_id=self.seq_id, tokens=tokens, start=start, end=self._sent_end, registration=registration,
                         path=self.path, want_log_prob=self.request.return_log_probs or self.request.top_log_probs > 0,
                         steps=steps)

@@ -24,6 +24,7 @@ from zerocheck.api.errors import InvalidRequest, Overloaded
 from zerocheck.generate.responses import Prepared, response_arrays
 from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import Chunk, Generation, Sequence, choose_path
+from zerocheck.grammar import GUIDE_TYPE_INPUT, GrammarCompiler
 from zerocheck.sampling.params import MAX_LOGIT_BIAS
 from zerocheck.api.request import TOKENS, GenerateRequest, Limits, check_context, parse_generate_request, \
     parse_token_request, request_interface, split_batch
@@ -35,10 +36,13 @@ class GenerateService:
 
     def __init__(self, tokenizer: TextTokenizer, scheduler: StepScheduler | None, limits: Limits, max_active: int,
                  max_queue: int, queue_timeout_s: float = 30.0,
-                 on_queue_wait: Callable[[float], None] = lambda seconds: None) -> None:
+                 on_queue_wait: Callable[[float], None] = lambda seconds: None,
+                 grammars: GrammarCompiler | None = None) -> None:
         """max_active: sequences generating at once (the decoder's KV-cache slots); max_queue: sequences
-        waiting for one; on_queue_wait: called with each admitted request's wait in the queue."""
+        waiting for one; on_queue_wait: called with each admitted request's wait in the queue; grammars: compiles
+        the requests' guides before they are admitted (None: a guide is refused)."""
         self.tokenizer = tokenizer
+        self.grammars = grammars
         self.scheduler = scheduler
         self.on_queue_wait = on_queue_wait
         self.limits = limits
@@ -60,6 +64,9 @@ class GenerateService:
         vocab = self.tokenizer.vocab_size
         if request.end_id is not None and request.end_id >= vocab:
             raise InvalidRequest(f"end_id must be -1 or a token id in [0, {vocab}), got {request.end_id}")
+        if request.guide is not None and request.end_id is not None and request.end_id not in self.tokenizer.end_ids:
+            raise InvalidRequest(f"end_id {request.end_id} cannot be combined with {GUIDE_TYPE_INPUT}: a finished guide "
+                                 f"allows only the model's end ids {list(self.tokenizer.end_ids)}")
         if any(not 0 <= token < vocab for token, _ in request.bias_ids):
             raise InvalidRequest(f"logit_bias_ids must be token ids in [0, {vocab})")
         if request.dense_bias:
@@ -99,6 +106,20 @@ class GenerateService:
             return self.tokenizer.apply_chat_template(request.messages)
         except ChatTemplateError as error:
             raise InvalidRequest(f"messages: the model's chat template refused them: {error}") from None
+
+    async def check_guides(self, rows: list[Prepared]) -> None:
+        """Compile the rows' guides (cached; the loop goes on meanwhile): GuideError for one that cannot be
+        served (unsupported, over the compile time limit). Called before admission, so a refused guide never
+        holds a KV slot."""
+        for row in rows:
+            if row.request.guide is not None:
+                if self.grammars is None:
+                    raise InvalidRequest(f"{GUIDE_TYPE_INPUT}: this server does not serve guides")
+                await self.grammars.check_async(row.request.guide)
+
+    def release_reservation(self, sequences: int) -> None:
+        """Undo `reserve` for a request refused before its admission."""
+        self._waiting -= sequences
 
     def reserve(self, sequences: int = 1) -> None:
         """Count a request as queued, or refuse it at once (Overloaded) when slots and queue are full:

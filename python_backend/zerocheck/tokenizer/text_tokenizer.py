@@ -66,6 +66,10 @@ class TextTokenizer:
         """Text of `ids`; incomplete UTF-8 byte sequences become U+FFFD."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance reads)."""
+        return self._tokenizer.to_str()
+
     def token_ids_of(self, words: list[str]) -> list[list[int]]:
         """Token id sequence of each word, as bad_words / stop_words lists expect."""
         return [self.encode(word) for word in words]

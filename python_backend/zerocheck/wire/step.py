@@ -11,7 +11,9 @@ Row r of every tensor is the r-th sequence of the step; ragged id rows are padde
 - A sequence registers how it samples with its first step (a `sequence_start` row): the knobs of
   SAMPLING_PARAMETERS, `random_seed`, `bad_words`, `logit_bias_ids` / `logit_bias_values` (the sampler
   models' columns), `min_tokens` with the `end_ids` it bans until then, and `prompt_length` (default:
-  the start row's tokens, the whole prompt in one step). The decoder keeps them, and the history that
+  the start row's tokens, the whole prompt in one step), and a guide: `guided_decoding_guide_type` /
+  `guided_decoding_guide` BYTES (`zerocheck.grammar`: the answer must match it). The decoder keeps them, and
+  the history that
   penalties and bad words read, with the sequence's KV slot; on other rows these inputs are not read.
   Each is sent only when some starting row of the step sets it off its default (`end_ids` whenever a
   starting row has any: a multi-step row stops at them), so a decode step carries ids and flags alone.
@@ -33,6 +35,7 @@ import numpy as np
 
 from zerocheck.api.errors import ErrorCode, InvalidRequest, ServingError, coded_message, error_from_message
 from zerocheck.api.sampler_path import SamplerPath
+from zerocheck.grammar.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, Guide, parse_guide
 from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.sampling import (BAD_WORDS_INPUT, BIAS_INPUTS, KNOB_INPUTS, PAD, SAMPLER_INPUTS, SEED_INPUT,
                                      TensorSpec, column, encode_word_lists, id_rows, padded, parse_sampling,
@@ -44,8 +47,10 @@ MIN_TOKENS_INPUT = TensorSpec("min_tokens", "TYPE_INT32", optional=True)
 END_IDS_INPUT = TensorSpec("end_ids", "TYPE_INT32", (-1,), optional=True, ragged=True)
 PROMPT_LENGTH_INPUT = TensorSpec("prompt_length", "TYPE_INT32", optional=True)
 DECODE_STEPS_INPUT = TensorSpec("decode_steps", "TYPE_INT32", optional=True)
+GUIDE_INPUTS = (TensorSpec(GUIDE_TYPE_INPUT, "TYPE_STRING", optional=True),
+                TensorSpec(GUIDE_INPUT, "TYPE_STRING", optional=True))
 REGISTRATION_INPUTS = (*KNOB_INPUTS, SEED_INPUT, BAD_WORDS_INPUT, *BIAS_INPUTS, MIN_TOKENS_INPUT, END_IDS_INPUT,
-                       PROMPT_LENGTH_INPUT)
+                       PROMPT_LENGTH_INPUT, *GUIDE_INPUTS)
 DECODER_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS + (DECODE_STEPS_INPUT,)  # also zero_check_step's inputs
 CHECKED_STEP_INPUTS = STEP_INPUTS + REGISTRATION_INPUTS  # its chain samples one token a call
 DECODER_OUTPUTS = (TensorSpec("logits", "TYPE_FP32", (-1,)), TensorSpec("output_id", "TYPE_INT32"),
@@ -66,12 +71,14 @@ STEP_OUTPUTS = {SamplerPath.ZERO_CHECK: ["output_ids", "error"],
 class Registration:
     """How a sequence samples, for its whole life: sent with its first step, kept by the decoder.
     min_tokens: `end_ids` are banned until this many tokens were sampled. prompt_length: prompt tokens
-    (the first step may carry only a chunk of them); 0: the first step's tokens."""
+    (the first step may carry only a chunk of them); 0: the first step's tokens. guide: what the answer
+    must match (every draw is masked to the tokens it allows)."""
 
     params: SamplingParams
     min_tokens: int = 0
     end_ids: tuple[int, ...] = ()
     prompt_length: int = 0
+    guide: Guide | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,9 @@ def registration_arrays(registrations: Sequence[Registration | None], sent: Sequ
         arrays["end_ids"] = padded([row.end_ids for row in rows], np.int32)
     if any(row.prompt_length not in (0, count) for row, count in zip(rows, sent)):
         arrays["prompt_length"] = column([row.prompt_length for row in rows], np.int32)
+    if any(row.guide is not None for row in rows):
+        arrays[GUIDE_TYPE_INPUT] = column([(row.guide.kind if row.guide else "").encode() for row in rows], object)
+        arrays[GUIDE_INPUT] = column([(row.guide.text if row.guide else "").encode() for row in rows], object)
     return arrays
 
 
@@ -220,6 +230,8 @@ def parse_registrations(arrays: Mapping[str, np.ndarray], starts: Sequence[bool]
     min_tokens = scalar_column(arrays, "min_tokens", rows, 0, int)
     end_ids = id_rows("end_ids", arrays.get("end_ids"), rows, MAX_END_IDS, vocab_size)
     prompt_length = scalar_column(arrays, "prompt_length", rows, 0, int)
+    kinds, guides = (scalar_column(arrays, name, rows, None, lambda value: value)
+                     for name in (GUIDE_TYPE_INPUT, GUIDE_INPUT))
     out: list[Registration | None] = []
     for r, start in enumerate(starts):
         if not start:
@@ -228,7 +240,11 @@ def parse_registrations(arrays: Mapping[str, np.ndarray], starts: Sequence[bool]
         for name, value in (("min_tokens", min_tokens[r]), ("prompt_length", prompt_length[r])):
             if value < 0:
                 raise with_row(InvalidRequest(f"{name} must be >= 0, got {value}"), r, rows)
-        out.append(Registration(params[r], min_tokens[r], tuple(end_ids[r].tolist()), prompt_length[r]))
+        try:
+            guide = parse_guide(kinds[r], guides[r])
+        except InvalidRequest as error:
+            raise with_row(error, r, rows) from None
+        out.append(Registration(params[r], min_tokens[r], tuple(end_ids[r].tolist()), prompt_length[r], guide))
     return out
 
 
