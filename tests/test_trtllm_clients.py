@@ -6,6 +6,7 @@ and the inputs Triton's OpenAI frontend adds. Their code is not copied here; the
 issue list runs of the clients themselves."""
 from __future__ import annotations
 
+import json
 import queue
 import time
 from functools import partial
@@ -181,13 +182,48 @@ def test_words_and_penalties_as_the_client_sends_them(triton_server, tokenizer, 
     ("beam_width", np.array([[2]], dtype=np.int32), "beam_width must be 1"),
     ("return_context_logits", np.array([[True]]), "return_context_logits is not supported"),
     ("lora_task_id", np.array([[3]], dtype=np.uint64), "lora_task_id is not supported"),
-    ("guided_decoding_guide_type", np.array([["json"]]).astype(object), "guided_decoding_guide_type is not supported"),
+    ("guided_decoding_guide_type", np.array([["structural_tag"]]).astype(object),
+     "guided_decoding_guide_type must be one of json, json_schema, regex, ebnf_grammar, lark, choice"),
     ("num_draft_tokens", np.array([[2]], dtype=np.int32), "speculative decoding is not supported"),
 ])
 def test_what_cannot_be_honoured_is_refused_naming_the_input(triton_server, name, value, message):
     results = run(triton_server.grpc_url, "ensemble", text_inputs(PROMPT, 4, True, **{name: value}), ["text_output"])
     assert len(results) == 1 and isinstance(results[0], InferenceServerException)
     assert message in results[0].message() and results[0].message().startswith("INVALID_ARGUMENT: ")
+
+
+GUIDED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+          "required": ["n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("model, streaming", [("ensemble", False), ("tensorrt_llm_bls", True)])
+def test_guided_decoding_flags_as_the_e2e_client_sends_them(triton_server, model, streaming):
+    """end_to_end_grpc_client.py's --guided-decoding-guide-type / --guided-decoding-guide: [[str]] object
+    arrays; the answer is a document of the schema (the tiny model's nonsense, masked)."""
+    guide = {"guided_decoding_guide_type": np.array([["json_schema"]]).astype(object),
+             "guided_decoding_guide": np.array([[json.dumps(GUIDED)]]).astype(object),
+             "exclude_input_in_output": np.array([[True]])}
+    results = ok(run(triton_server.grpc_url, model, text_inputs(PROMPT, 40, streaming, **guide), ["text_output"]))
+    document = json.loads("".join(r.as_numpy("text_output")[0].decode() for r in results))
+    assert set(document) == {"n"} and 0 <= document["n"] <= 999
+
+
+def test_a_guide_on_the_token_level_door(triton_server, tokenizer, prompt_ids):
+    guide = {"guided_decoding_guide_type": np.array([["choice"]]).astype(object),
+             "guided_decoding_guide": np.array([['["yes", "no"]']]).astype(object),
+             "exclude_input_in_output": np.array([[True]]),
+             "end_id": np.array([[tokenizer.end_ids[0]]], dtype=np.int32)}  # the client's default, -1, is refused
+    (result,) = ok(run(triton_server.grpc_url, "tensorrt_llm", token_inputs(prompt_ids, 8, False, **guide)))
+    assert tokenizer.decode(list(result.as_numpy("output_ids")[0][0])) in ("yes", "no")
+
+
+def test_a_guide_that_cannot_be_enforced_is_refused_naming_it(triton_server):
+    guide = {"guided_decoding_guide_type": np.array([["json_schema"]]).astype(object),
+             "guided_decoding_guide": np.array([['{"type": "array", "uniqueItems": true}']]).astype(object)}
+    (error,) = run(triton_server.grpc_url, "ensemble", text_inputs(PROMPT, 8, False, **guide))
+    assert isinstance(error, InferenceServerException)
+    assert error.message().startswith("INVALID_ARGUMENT: guided_decoding_guide: JSON schema keyword(s) not supported")
+    assert '["uniqueItems"]' in error.message()
 
 
 def test_openai_frontend_token_counts(triton_server):

@@ -157,9 +157,9 @@ _SWITCH = {"on": True, "true": True, "1": True, "yes": True, "off": False, "fals
 class Limits:
     """Server limits from the model config."""
 
-    max_prompt_tokens: int = 768
-    max_output_tokens: int = 256
-    max_context: int = 1024
+    max_prompt_tokens: int = 1024
+    max_output_tokens: int = 1024
+    max_context: int = 2048
     max_words: int = 256
     max_word_bytes: int = 256
     max_prompt_bytes: int = 64 * 1024

@@ -25,7 +25,7 @@ class BuildOptions:
     model: str = DEFAULT_MODEL  # a PACKAGED_MODELS name, or TINY_MODEL; ignored when gguf / hf_checkpoint is set
     gguf: str | None = None  # a GGUF file transformers reads (Llama family)
     hf_checkpoint: str | None = None  # a Hugging Face Llama/Qwen2/Mistral directory
-    max_seq_len: int = 1024
+    max_seq_len: int = 2048
     onnx: bool = False  # decoder.onnx, the step TensorRT builds from (--tensorrt exports it too)
     tensorrt: bool = False
     tensorrt_llm: bool = False
