@@ -303,7 +303,7 @@ def test_log_probs_degrade_to_the_checked_path():
 
 @pytest.mark.parametrize("fields, parameters, message", [
     ({"text_input": ""}, {}, "text_input must not be empty"),
-    ({"text_input": "x", "max_tokens": 0}, {}, "max_tokens must be an integer in [1, 256]"),
+    ({"text_input": "x", "max_tokens": 0}, {}, "max_tokens must be an integer in [1, 1024]"),
     ({"text_input": "x", "top_p": 1.5}, {}, "top_p must be in (0, 1], got 1.5"),
     ({"text_input": "x", "temperature": float("nan")}, {}, "temperature must be finite"),
     ({"text_input": "x", "beam_width": 2}, {}, "beam_width must be 1"),

@@ -164,7 +164,7 @@ def test_a_hedge_is_served_and_counted(real_server, client):
     ({"model": MODEL, "messages": []}, "messages", "messages must hold at least one message"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages", "role must be one of"),
     ({"model": MODEL, "messages": FRANCE, "n": 9}, "n", "n must be in [1, 4]"),
-    ({"model": MODEL, "messages": FRANCE, "tools": [{"type": "function"}]}, "tools", "tool calls are not supported"),
+    ({"model": MODEL, "messages": FRANCE, "tools": [{"type": "function"}]}, "tools", "tools[0] must be"),
     ({"model": MODEL, "messages": FRANCE, "colour": "red"}, "colour", "unrecognized request argument(s): colour"),
     ({"model": MODEL, "messages": FRANCE, "max_tokens": 5000}, "max_tokens", "max_tokens must be an integer in [1, "),
 ])

@@ -45,7 +45,7 @@ def test_content_parts_roles_and_prompts():
     (CHAT, {**CHAT_BODY, "logit_bias": {"3": 101}}, "logit_bias"),
     (CHAT, {**CHAT_BODY, "top_logprobs": 2}, "top_logprobs"),
     (CHAT, {**CHAT_BODY, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    (CHAT, {**CHAT_BODY, "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {**CHAT_BODY, "response_format": {"type": "xml"}}, "response_format"),
     (CHAT, {**CHAT_BODY, "frequency_penalty": 3}, "frequency_penalty"),
     (CHAT, {**CHAT_BODY, "n": 1.5}, "n"),
     (CHAT, {**CHAT_BODY, "stream": "yes"}, "stream"),

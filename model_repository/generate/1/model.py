@@ -113,7 +113,7 @@ class TritonPythonModel:
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(params.max_context, built_max_seq_len(config.artifacts_dir()))
         limits = Limits(max_prompt_tokens=min(params.max_prompt_tokens, context - 1),
-                        max_output_tokens=params.max_output_tokens, max_context=context)
+                        max_output_tokens=min(params.max_output_tokens, context), max_context=context)
         self.metrics = GenerateMetrics(pb_utils)
         scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
                                   prefill_tokens=params.prefill_tokens_per_step,

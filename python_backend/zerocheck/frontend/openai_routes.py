@@ -22,8 +22,8 @@ from zerocheck.frontend.errors import FrontendError, invalid
 from zerocheck.frontend.fields import json_body
 from zerocheck.frontend.generation import generation
 from zerocheck.frontend.metrics import FrontendMetrics
-from zerocheck.frontend.openai_schema import (CHAT, PARAM_OF, TEXT, Call, Choice, chunk_body, completion_body,
-                                              logprobs_of, new_choices, parse_call, usage_chunk)
+from zerocheck.frontend.openai_schema import (CHAT, TEXT, Call, Choice, chunk_body, completion_body, logprobs_of,
+                                              new_choices, parse_call, usage_chunk)
 from zerocheck.frontend.path import asks_zero_check, requested_headers, served_headers
 from zerocheck.tokenizer import TextTokenizer
 
@@ -93,7 +93,7 @@ class OpenAIRoutes:
         try:
             path_headers = requested_headers(asks_zero_check(request.headers, default=True))
             call = await self._call(request, kind)
-            chunks = generation(self.client, self.model, call.generate, request.headers, PARAM_OF)
+            chunks = generation(self.client, self.model, call.generate, request.headers, call.param_of)
             try:  # leaving early (all choices at a stop string, a disconnect) cancels the generation
                 first = await anext(chunks, None)
                 if first is None:
@@ -170,14 +170,16 @@ class OpenAIRoutes:
             while chunk is not None and not all(c.done for c in choices):
                 choice = choices[chunk.sequence_index]
                 was_done = choice.done
-                text = self._take(call, choices, chunk)
-                if text or (call.logprobs and chunk.token_ids and not was_done):
+                text, tool_calls = choice.deltas(self._take(call, choices, chunk)) if not was_done else ("", [])
+                if text or tool_calls or (call.logprobs and chunk.token_ids and not was_done):
                     logprobs = logprobs_of(call, chunk.token_ids, chunk.log_probs, chunk.top_log_probs,
                                            self._token_text)
-                    await send(chunk_body(call, FINGERPRINT, choice.index, text=text, logprobs=logprobs))
+                    await send(chunk_body(call, FINGERPRINT, choice.index, text=text, logprobs=logprobs,
+                                          tool_calls=tool_calls))
                     self.metrics.forwarded("openai", time.perf_counter() - chunk.received_s)
                 if choice.done and not was_done:
-                    await send(chunk_body(call, FINGERPRINT, choice.index, finish_reason=choice.finish_reason))
+                    await send(chunk_body(call, FINGERPRINT, choice.index,
+                                          finish_reason=choice.streamed_finish_reason))
                 chunk = await anext(chunks, None)
             if call.include_usage:
                 await send(usage_chunk(call, FINGERPRINT, prompt_tokens, choices))
