@@ -1,38 +1,52 @@
 #!/usr/bin/env bash
 # The GPU check for a lent GPU machine (one GPU, CUDA torch, no network, nothing installed from this
-# project): the package runs from the checkout (PYTHONPATH), only the GPU test module is collected.
+# project): the package runs from the checkout (PYTHONPATH=python_backend), with python3.
 #
-#   bash benchmarks/device_check.sh            # on the GPU machine
-#   bash benchmarks/device_check.sh --dry-run  # print the plan and probe CUDA; run nothing
+#   bash benchmarks/device_check.sh OUT_DIR            # on the GPU machine; logs and JSON into OUT_DIR
+#   bash benchmarks/device_check.sh --dry-run OUT_DIR  # print the plan, run gpu_check.py's dry run on the CPU
 #
-# Without CUDA it refuses to pass (exit 1), dry run included: a CPU fallback would prove nothing.
+# Without CUDA it refuses to pass (exit 1), dry run included: a CPU run proves the scripts, not the GPU.
+# OUT_DIR defaults to $OUT/device_check (when the device tool sets OUT), else benchmarks/results/device_check.
 # Steps, each bounded by `timeout` and all by DEVICE_CHECK_BUDGET_S (default 420 s):
-#   1. pytest tests/test_cuda_graph_sampler.py -m gpu     (the CUDA-graph sampler's GPU tests)
-#   2. python benchmarks/gpu_check.py                     (graph == eager, host syncs, reproducibility,
-#                                                          bf16 share, chi-square, latencies: JSON)
-#   3. python benchmarks/sampler.py --device cuda --quick (sampler microbenchmark: JSON)
-# Logs and JSON go to $OUT/device_check (when the device tool sets OUT) or benchmarks/results/device_check;
-# summary.json there says how each step ended.
+#   1. python3 benchmarks/gpu_check.py OUT_DIR        (graph == eager, GPU == CPU tokens, host syncs counted,
+#                                                     reproducibility, bf16 share, chi-square of the candidate
+#                                                     and dense graphs, the TensorRT-LLM processor in the
+#                                                     stand-in engine loop on CUDA, CUDA-event latencies
+#                                                     against a bandwidth floor: JSON; at most 300 s)
+#   2. python3 benchmarks/trtllm_processor.py --device cuda --quick   (the processor's cost per request: JSON)
+#   3. python3 benchmarks/sampler.py --device cuda --quick            (sampler microbenchmark: JSON)
+#   4. python3 -m pytest tests/test_cuda_graph_sampler.py -m gpu      (the CUDA-graph sampler's GPU tests)
+# summary.json in OUT_DIR says how each step ended.
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
 dry_run=0
+out_dir=""
 for arg in "$@"; do
     case $arg in
         --dry-run) dry_run=1 ;;
-        -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
-        *) echo "unknown argument: $arg (expected --dry-run)" >&2; exit 2 ;;
+        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        -*) echo "unknown option: $arg (expected --dry-run)" >&2; exit 2 ;;
+        *) [[ -n $out_dir ]] && { echo "one output folder, got '$out_dir' and '$arg'" >&2; exit 2; }; out_dir=$arg ;;
     esac
 done
+out_dir=${out_dir:-${OUT:-benchmarks/results}/device_check}
 
-PYTHON=${PYTHON:-$(command -v python || command -v python3)}
-export PYTHONPATH="$PWD/python_backend:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+PYTHON=${PYTHON:-python3}
+if ! command -v "$PYTHON" >/dev/null; then
+    echo "device_check: FAILED: $PYTHON not found" >&2
+    exit 1
+fi
+export PYTHONPATH="$PWD/python_backend${PYTHONPATH:+:$PYTHONPATH}"
 budget=${DEVICE_CHECK_BUDGET_S:-420}
 deadline=$((SECONDS + budget))
-log_dir=${OUT:-benchmarks/results}/device_check
 failed=()
 results=()
 
+if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+    echo "device_check: FAILED: $PYTHON cannot import torch (set PYTHON to an interpreter that can)" >&2
+    exit 1
+fi
 if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     cuda=1
     "$PYTHON" -c 'import torch; print("device_check: torch", torch.__version__, "cuda", torch.version.cuda, "on", torch.cuda.get_device_name(0))'
@@ -57,7 +71,7 @@ step() {
     fi
     echo "[$name] running (timeout ${limit}s): $*"
     local start=$SECONDS rc
-    timeout -k 10 "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$out_dir/$name.log"
     rc=${PIPESTATUS[0]}
     if ((rc == 0)); then
         echo "[$name] ok in $((SECONDS - start))s"
@@ -72,27 +86,30 @@ if [[ $cuda == 0 && $dry_run == 0 ]]; then
     echo "device_check: FAILED: torch sees no CUDA device; this check only passes on a GPU" >&2
     exit 1
 fi
-[[ $dry_run == 0 ]] && mkdir -p "$log_dir"
+mkdir -p "$out_dir"
+step gpu-check 300 -- "$PYTHON" benchmarks/gpu_check.py "$out_dir"
+step processor-bench 60 -- "$PYTHON" benchmarks/trtllm_processor.py --device cuda --quick --json "$out_dir/trtllm_processor_cuda.json"
+step sampler-bench 60 -- "$PYTHON" benchmarks/sampler.py --device cuda --quick --json "$out_dir/sampler_cuda.json"
 if [[ $dry_run == 0 ]] && ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
     echo "[gpu-tests] skipped: pytest is not installed (gpu_check.py runs the same checks)"
     results+=("\"gpu-tests\": \"skipped: no pytest\"")
 else
-step gpu-tests 150 -- "$PYTHON" -m pytest tests/test_cuda_graph_sampler.py -m gpu -q -p no:cacheprovider --noconftest
+    step gpu-tests 120 -- "$PYTHON" -m pytest tests/test_cuda_graph_sampler.py -m gpu -q -p no:cacheprovider --noconftest
 fi
-step gpu-check 180 -- "$PYTHON" benchmarks/gpu_check.py --out "$log_dir"
-step sampler-bench 90 -- "$PYTHON" benchmarks/sampler.py --device cuda --quick --json "$log_dir/sampler_cuda.json"
 
 if [[ $dry_run == 1 ]]; then
+    echo "[gpu-check --dry-run] running gpu_check.py's code on the CPU at small sizes:"
+    "$PYTHON" benchmarks/gpu_check.py --dry-run "$out_dir" 2>&1 | tee "$out_dir/gpu-check-dry-run.log"
     if [[ $cuda == 0 ]]; then
-        echo "device_check: dry run: no CUDA device here, so the check would refuse to pass" >&2
+        echo "device_check: dry run: no CUDA device here, so the check refuses to pass" >&2
         exit 1
     fi
     echo "device_check: dry run: CUDA present, the plan above would run"
     exit 0
 fi
-(IFS=,; echo "{${results[*]}, \"seconds\": $SECONDS}") > "$log_dir/summary.json"
+(IFS=,; echo "{${results[*]}, \"seconds\": $SECONDS}") > "$out_dir/summary.json"
 if ((${#failed[@]})); then
-    echo "device_check: FAILED: ${failed[*]} (logs in $log_dir)"
+    echo "device_check: FAILED: ${failed[*]} (logs in $out_dir)"
     exit 1
 fi
-echo "device_check: done in ${SECONDS}s (logs and JSON in $log_dir)"
+echo "device_check: done in ${SECONDS}s (logs and JSON in $out_dir)"
