@@ -7,12 +7,12 @@
 #
 # Without CUDA it refuses to pass (exit 1), dry run included: a CPU run proves the scripts, not the GPU.
 # OUT_DIR defaults to $OUT/device_check (when the device tool sets OUT), else benchmarks/results/device_check.
-# Steps, each bounded by `timeout` and all by DEVICE_CHECK_BUDGET_S (default 420 s):
+# Steps, each bounded by `timeout` and all by DEVICE_CHECK_BUDGET_S (default 300 s):
 #   1. python3 benchmarks/gpu_check.py OUT_DIR        (graph == eager, GPU == CPU tokens, host syncs counted,
 #                                                     reproducibility, bf16 share, chi-square of the candidate
 #                                                     and dense graphs, the TensorRT-LLM processor in the
 #                                                     stand-in engine loop on CUDA, CUDA-event latencies
-#                                                     against a bandwidth floor: JSON; at most 300 s)
+#                                                     against a bandwidth floor: JSON; at most 200 s)
 #   2. python3 benchmarks/trtllm_processor.py --device cuda --quick   (the processor's cost per request: JSON)
 #   3. python3 benchmarks/sampler.py --device cuda --quick            (sampler microbenchmark: JSON)
 #   4. python3 -m pytest tests/test_cuda_graph_sampler.py -m gpu      (the CUDA-graph sampler's GPU tests)
@@ -38,7 +38,7 @@ if ! command -v "$PYTHON" >/dev/null; then
     exit 1
 fi
 export PYTHONPATH="$PWD/python_backend${PYTHONPATH:+:$PYTHONPATH}"
-budget=${DEVICE_CHECK_BUDGET_S:-420}
+budget=${DEVICE_CHECK_BUDGET_S:-300}
 deadline=$((SECONDS + budget))
 failed=()
 results=()
@@ -87,7 +87,7 @@ if [[ $cuda == 0 && $dry_run == 0 ]]; then
     exit 1
 fi
 mkdir -p "$out_dir"
-step gpu-check 300 -- "$PYTHON" benchmarks/gpu_check.py "$out_dir"
+step gpu-check 200 -- "$PYTHON" benchmarks/gpu_check.py --budget-s 190 "$out_dir"
 step processor-bench 60 -- "$PYTHON" benchmarks/trtllm_processor.py --device cuda --quick --json "$out_dir/trtllm_processor_cuda.json"
 step sampler-bench 60 -- "$PYTHON" benchmarks/sampler.py --device cuda --quick --json "$out_dir/sampler_cuda.json"
 if [[ $dry_run == 0 ]] && ! "$PYTHON" -c 'import pytest' 2>/dev/null; then

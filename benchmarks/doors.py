@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import commit, cpu
+from machine import write_result
 from zerocheck import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,11 +257,7 @@ def main() -> int:
         if "mixed" in by and "openai" in by:
             print(f"x{n}: mixed doors / one door (openai) tokens/s = "
                   f"{by['mixed']['tokens_per_s'] / by['openai']['tokens_per_s']:.2f}")
-    result = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpu": cpu(), "commit": commit(),
-              "tokens": args.tokens, "requests_per_stream": args.requests, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "doors.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out / 'doors.json'}")
+    write_result(args.out, "doors.json", {"tokens": args.tokens, "requests_per_stream": args.requests, "rows": rows})
     return 0
 
 

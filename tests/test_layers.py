@@ -16,11 +16,13 @@ ALLOWED = {
     "sampling": {"api", "jit"},  # the error types its parameters raise
     "api": {"sampling", "tokenizer"},  # the request contract: sampling parameters, chat messages (both torch-free)
     "wire": {"api", "sampling"},
-    "decoder": {"api", "jit", "sampling", "tokenizer", "wire"},
-    "generate": {"api", "sampling", "tokenizer", "wire"},
+    "decoder": {"api", "grammar", "jit", "sampling", "tokenizer", "wire"},
+    "trtllm": {"api", "decoder", "generate", "grammar", "sampling", "tokenizer", "wire"},  # the LLM API's processor
+    "grammar": {"api", "tokenizer"},  # guides: the error types, the tokenizer llguidance reads
+    "generate": {"api", "grammar", "sampling", "tokenizer", "wire"},
     "triton": {"", "api", "generate", "sampling", "wire"},  # generate: the relay contract the doors speak
     "build": {"", "decoder", "tokenizer"},
-    "frontend": {"", "api", "clients", "tokenizer"},
+    "frontend": {"", "api", "clients", "grammar", "tokenizer"},
     "serve": {"", "api", "build", "frontend"},
     "bench": {"", "clients", "serve"},
 }

@@ -22,6 +22,7 @@ from zerocheck.frontend.openai_schema import (CHAT, TEXT, Choice, chunk_body, co
 from zerocheck.frontend.tools import (TOOLS_INSTRUCTION, TOOLS_PREAMBLE, ToolCallStream, parse_tool_calls,
                                       parse_tools, rendered_call, tools_grammar)
 from zerocheck.grammar import GrammarCompiler, parse_guide
+from zerocheck.grammar import guide as guide_grammar
 
 MODEL = "smollm2-135m-instruct"
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
@@ -184,7 +185,8 @@ def compiler() -> GrammarCompiler:
 
 def accepts(compiler: GrammarCompiler, grammar: str, text: str) -> bool:
     """Whether `text` is a complete answer of the Lark `grammar`."""
-    matcher = llguidance.LLMatcher(compiler.tokenizer, parse_guide("lark", grammar).grammar(), log_level=0)
+    lark = guide_grammar.grammar_of(parse_guide("lark", grammar))
+    matcher = llguidance.LLMatcher(compiler.tokenizer, lark, log_level=0)
     return all(matcher.consume_token(t) for t in compiler.tokenizer.tokenize_str(text)) and matcher.is_accepting()
 
 

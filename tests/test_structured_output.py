@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import load_decoder
 from zerocheck.decoder.service import DecoderService, StepRows
 from zerocheck.grammar import GrammarCompiler, GuideError, bitmask_words, parse_guide
-from zerocheck.grammar.guide import MAX_GUIDE_BYTES, MAX_SCHEMA_DEPTH
+from zerocheck.api.guide import MAX_GUIDE_BYTES, MAX_SCHEMA_DEPTH
 from zerocheck.sampling import SamplingParams
 from zerocheck.sampling.cuda_graph import make_sampler
 from zerocheck.sampling.token_mask import TokenMask, apply_token_mask

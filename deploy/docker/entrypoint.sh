@@ -8,7 +8,7 @@
 #    exits (the orchestrator restarts the container) and passes SIGTERM/SIGINT on to both.
 #
 # Environment (defaults in brackets):
-#   ZEROCHECK_ENGINE       auto | tensorrt | tensorrt-llm | none   [auto: tensorrt-llm, else tensorrt, else none]
+#   ZEROCHECK_ENGINE       auto | tensorrt | none   [auto: tensorrt when a GPU is visible and tensorrt imports, else none]
 #   ZEROCHECK_BUILD_ARGS   extra arguments for `zerocheck build`   []
 #   ZEROCHECK_SKIP_BUILD   1: never run `zerocheck build`          [0]
 #   ZEROCHECK_ARTIFACTS    artifact directory (build --out; read by the models) [$ZEROCHECK_HOME/artifacts]
@@ -50,7 +50,7 @@ choose_engine() {
     local requested=${ZEROCHECK_ENGINE:-auto} gpu=$1
     case $requested in
         none) echo none ;;
-        tensorrt | tensorrt-llm)
+        tensorrt)
             if [[ -z $gpu ]]; then
                 log "ZEROCHECK_ENGINE=$requested needs a GPU and none is visible (nvidia-smi)"
                 return 2
@@ -58,11 +58,10 @@ choose_engine() {
             echo "$requested" ;;
         auto)
             if [[ -z $gpu ]]; then echo none
-            elif python3 -c 'import tensorrt_llm' >/dev/null 2>&1; then echo tensorrt-llm
             elif python3 -c 'import tensorrt' >/dev/null 2>&1; then echo tensorrt
             else echo none; fi ;;
         *)
-            log "ZEROCHECK_ENGINE must be auto, tensorrt, tensorrt-llm or none; got '$requested'"
+            log "ZEROCHECK_ENGINE must be auto, tensorrt or none; got '$requested'"
             return 2 ;;
     esac
 }

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from zerocheck.api.errors import InvalidRequest
-from zerocheck.grammar.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, GUIDE_TYPES, Guide, parse_guide
+from zerocheck.api.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, GUIDE_TYPES, Guide, parse_guide
 from zerocheck.sampling import SAMPLING_PARAMETERS, SamplingParamError, SamplingParams
 from zerocheck.sampling.params import fresh_seed
 from zerocheck.tokenizer.chat import ROLES as CHAT_ROLES, Message

@@ -36,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--onnx", action="store_true",
                         help="export + verify decoder.onnx, the step TensorRT builds from (--tensorrt exports it too)")
     parser.add_argument("--tensorrt", action="store_true", help="also build a TensorRT engine (GPU only)")
-    parser.add_argument("--tensorrt-llm", action="store_true", help="also build a TensorRT-LLM engine (GPU only)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the artifacts are up to date")
 
 
@@ -50,7 +49,6 @@ def options_of(args: argparse.Namespace) -> BuildOptions:
         max_seq_len=args.max_seq_len,
         onnx=args.onnx,
         tensorrt=args.tensorrt,
-        tensorrt_llm=args.tensorrt_llm,
         **sizes,
     )
 

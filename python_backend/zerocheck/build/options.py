@@ -28,7 +28,6 @@ class BuildOptions:
     max_seq_len: int = 2048
     onnx: bool = False  # decoder.onnx, the step TensorRT builds from (--tensorrt exports it too)
     tensorrt: bool = False
-    tensorrt_llm: bool = False
     # the tiny model only:
     vocab_size: int = 32000
     layers: int = 4

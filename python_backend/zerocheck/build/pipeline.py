@@ -6,9 +6,9 @@ file, a Hugging Face checkpoint, or the seeded tiny model.
 Layout of the output directory:
   hf_model/   config.json, generation_config.json, model.safetensors, tokenizer.json,
               tokenizer_config.json, chat_template.jinja (when the model has one), ...
-  decoder.onnx                (with --onnx or --tensorrt)
-  decoder.plan, tensorrt_llm/ (with --tensorrt / --tensorrt-llm, GPU only)
-  manifest.json               written last; its presence means a complete build
+  decoder.onnx   (with --onnx or --tensorrt)
+  decoder.plan   (with --tensorrt, GPU only)
+  manifest.json  written last; its presence means a complete build
 """
 from __future__ import annotations
 
@@ -35,12 +35,7 @@ from zerocheck.build.manifest import (
 from zerocheck.build.errors import BuildError
 from zerocheck.build.options import BuildOptions
 from zerocheck.build.sources import PACKAGED_MODELS, TINY_MODEL, convert_gguf, copy_checkpoint_weights
-from zerocheck.build.tensorrt_engines import (
-    TENSORRT_LLM_DIR,
-    build_tensorrt_engine,
-    build_tensorrt_llm_engine,
-    require_gpu_package,
-)
+from zerocheck.build.tensorrt_engines import build_tensorrt_engine, require_gpu_package
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.engine import ONNX_FILE, TENSORRT_PLAN
 from zerocheck.decoder.onnx_export import export_onnx, onnx_max_abs_diff
@@ -142,13 +137,11 @@ def source_fingerprint(options: BuildOptions) -> dict:
 def _check_gpu_requirements(options: BuildOptions) -> None:
     if options.tensorrt:
         require_gpu_package("tensorrt", "--tensorrt")
-    if options.tensorrt_llm:
-        require_gpu_package("tensorrt_llm", "--tensorrt-llm")
 
 
 def _remove_previous_build(out_dir: Path) -> None:
     """Delete only what a build writes, so `--out` pointing at a busy directory loses nothing else."""
-    for name in (MANIFEST_FILE, MODEL_SUBDIR, ONNX_FILE, TENSORRT_PLAN, TENSORRT_LLM_DIR):
+    for name in (MANIFEST_FILE, MODEL_SUBDIR, ONNX_FILE, TENSORRT_PLAN):
         path = out_dir / name
         if path.is_dir():
             shutil.rmtree(path)
@@ -169,7 +162,7 @@ def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -
     model_dir = out_dir / MODEL_SUBDIR
     model_dir.mkdir(parents=True)
     export = options.onnx or options.tensorrt  # TensorRT builds from the ONNX step
-    progress = _Progress(2 + export + options.tensorrt + options.tensorrt_llm)
+    progress = _Progress(2 + export + options.tensorrt)
 
     progress.step(f"model: {_describe_source(options)}")
     model_source, trained = _build_model(options, model_dir)
@@ -194,10 +187,6 @@ def build_artifacts(options: BuildOptions, out_dir: Path, force: bool = False) -
     if options.tensorrt:
         progress.step("tensorrt: build decoder.plan from the ONNX step")
         build_tensorrt_engine(out_dir / ONNX_FILE, config, options.max_seq_len, out_dir)
-        progress.finished()
-    if options.tensorrt_llm:
-        progress.step("tensorrt-llm: build an engine from the Hugging Face model")
-        build_tensorrt_llm_engine(model_dir, options.max_seq_len, out_dir)
         progress.finished()
 
     manifest = {

@@ -1,12 +1,10 @@
-"""GPU-only builds: a TensorRT engine from the ONNX step, and a TensorRT-LLM engine from the HF model.
+"""GPU-only build: a TensorRT engine from the ONNX step, which the decoder loads as its backend `tensorrt`
+(`decoder.backends.tensorrt_step`).
 
-Both stop with `BuildError` when CUDA or the package is missing, the TensorRT-LLM build also when its
-version is not 0.x. The decoder loads the TensorRT engine (backend tensorrt, `decoder.backends.tensorrt_step`);
-no model loads the TensorRT-LLM engine yet. Untested here (no GPU).
+It stops with `BuildError` when CUDA or the `tensorrt` package is missing. Untested here (no GPU).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import torch
 from zerocheck.build.errors import BuildError
 from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.engine import TENSORRT_PLAN
-TENSORRT_LLM_DIR = "tensorrt_llm"
+
 MAX_BATCH = 64  # the decoder model's max_batch_size
 OPT_BATCH, OPT_PAST = 8, 256  # the profile's optimum: a typical decode step
 
@@ -70,26 +68,3 @@ def build_tensorrt_engine(onnx_path: Path, config: DecoderConfig, max_seq_len: i
     plan = out_dir / TENSORRT_PLAN
     plan.write_bytes(bytes(serialized))
     return plan
-
-
-SUPPORTED_TENSORRT_LLM = "0."  # versions whose LLM API builds and saves TensorRT engines (1.x removed it)
-
-
-def check_tensorrt_llm_version(version: str) -> None:
-    """Refuse a TensorRT-LLM whose LLM API this build does not speak, naming the version found."""
-    if not version.startswith(SUPPORTED_TENSORRT_LLM):
-        raise BuildError(f"--tensorrt-llm builds with TensorRT-LLM 0.x's LLM API (LLM(build_config=...), save); "
-                         f"found TensorRT-LLM {version}, where that API is gone: install tensorrt_llm<1")
-
-
-def build_tensorrt_llm_engine(hf_model_dir: Path, max_seq_len: int, out_dir: Path) -> Path:
-    """Build with the TensorRT-LLM 0.x LLM API from the Hugging Face directory and save the engine, which
-    returns each step's generation logits (sampling stays outside the engine). Not run here (no GPU)."""
-    check_tensorrt_llm_version(importlib.metadata.version("tensorrt_llm"))
-    from tensorrt_llm import LLM, BuildConfig
-
-    build_config = BuildConfig(max_batch_size=MAX_BATCH, max_seq_len=max_seq_len, gather_generation_logits=True)
-    llm = LLM(model=str(hf_model_dir), build_config=build_config)
-    engine_dir = out_dir / TENSORRT_LLM_DIR
-    llm.save(str(engine_dir))
-    return engine_dir

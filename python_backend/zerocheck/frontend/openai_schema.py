@@ -29,7 +29,7 @@ from zerocheck.frontend.structured import (GUIDED_FIELDS, Constraint, check_guid
                                            structured_outputs_constraint)
 from zerocheck.frontend.tools import (AUTO, NAMED, ToolCallStream, Tools, assistant_calls, parse_tool_calls,
                                       parse_tools, tool_response, tools_grammar, with_tools)
-from zerocheck.grammar.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT
+from zerocheck.api.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT
 
 CHAT, TEXT = "chat", "text"
 MAX_STOP = 4

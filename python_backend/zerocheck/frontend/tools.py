@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from zerocheck.frontend.errors import invalid
-from zerocheck.grammar.guide import GuideError, json_schema_grammar
+from zerocheck.api.guide import GuideError
+from zerocheck.grammar.guide import json_schema_grammar
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "named"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names

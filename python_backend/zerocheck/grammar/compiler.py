@@ -19,7 +19,8 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
-from zerocheck.grammar.guide import GUIDE_INPUT, Guide, GuideError
+from zerocheck.api.guide import GUIDE_INPUT, Guide, GuideError
+from zerocheck.grammar.guide import grammar_of
 from zerocheck.tokenizer import TextTokenizer
 
 COMPILE_TIMEOUT_S = 2.0
@@ -124,7 +125,7 @@ class GrammarCompiler:
     def _compile(self, guide: Guide) -> llguidance.LLMatcher:
         """In a worker: the matcher at the guide's start, cached; a refusal is remembered."""
         try:
-            matcher = llguidance.LLMatcher(self.tokenizer, guide.grammar(), log_level=0,
+            matcher = llguidance.LLMatcher(self.tokenizer, grammar_of(guide), log_level=0,
                                            limits=llguidance.LLParserLimits(**PARSER_LIMITS))
             if matcher.is_error():
                 raise GuideError(f"{GUIDE_INPUT}: {' '.join(matcher.get_error().split())}")  # one line

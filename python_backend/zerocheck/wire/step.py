@@ -35,7 +35,7 @@ import numpy as np
 
 from zerocheck.api.errors import ErrorCode, InvalidRequest, ServingError, coded_message, error_from_message
 from zerocheck.api.sampler_path import SamplerPath
-from zerocheck.grammar.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, Guide, parse_guide
+from zerocheck.api.guide import GUIDE_INPUT, GUIDE_TYPE_INPUT, Guide, parse_guide
 from zerocheck.sampling.params import SamplingParams, fresh_seed
 from zerocheck.wire.sampling import (BAD_WORDS_INPUT, BIAS_INPUTS, KNOB_INPUTS, PAD, SAMPLER_INPUTS, SEED_INPUT,
                                      TensorSpec, column, encode_word_lists, id_rows, padded, parse_sampling,
