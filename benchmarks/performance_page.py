@@ -1,11 +1,11 @@
 """docs/performance.md from the benchmarks' JSON: the peers table and plot, the precision table, one door
-against mixed doors, the step breakdown; every figure with the command that measured it, the CPU and the commit.
+against mixed doors, the step breakdown, structured output; every figure with the command that measured it, the CPU and the commit.
 
     python benchmarks/performance_page.py [--results benchmarks/results] [--out docs/performance.md]
 
 Reads peers.json (benchmarks/peers.py), precision.json (benchmarks/precision.py), doors.json
-(benchmarks/doors.py) and e2e.json (benchmarks/e2e.py, `zerocheck bench`); a missing file leaves its
-section out.
+(benchmarks/doors.py), e2e.json (benchmarks/e2e.py, `zerocheck bench`) and structured.json
+(benchmarks/structured.py); a missing file leaves its section out.
 """
 from __future__ import annotations
 
@@ -136,6 +136,51 @@ def breakdown_section(data: dict) -> list[str]:
     return lines + [""]
 
 
+OUTCOMES = ("valid", "invalid", "length", "unsupported", "refused", "error", "prompt_over_limit")
+
+
+def structured_section(data: dict) -> list[str]:
+    """benchmarks/structured.py: compile times and refusals, the MaskBench replay, compliance, overhead."""
+    lines = ["## Structured output", "", machine(data) + f"; the JSONSchemaBench sample of `{data['data']}` (1-minute "
+             f"load average {data['load_average']['before']:.2f} before, {data['load_average']['after']:.2f} after).",
+             ""]
+    if "compile" in data:
+        compiled, first = data["compile"]["compile_ms"], data["compile"]["first_mask_ms"]
+        lines += [f"Compile (cold, {compiled['n']} schemas): p50 {compiled['p50']:.1f} ms, p99 {compiled['p99']:.1f} ms, "
+                  f"max {compiled['max']:.1f} ms; first mask p50 {first['p50']:.2f} ms, p99 {first['p99']:.2f} ms.", "",
+                  "| split | schemas | refused | reasons |", "|---|---|---|---|"]
+        for split, row in data["compile"]["splits"].items():
+            reasons = ", ".join(f"{reason} ({count})" for reason, count in row["reasons"].items()) or "-"
+            lines.append(f"| {split} | {row['schemas']} | {row['refused']} | {reasons} |")
+        lines.append("")
+    if "maskbench" in data:
+        counts, fill = data["maskbench"]["counts"], data["maskbench"]["fill_us_valid"]
+        lines += [f"MaskBench replay ({counts['schemas_compiled']} schemas compiled, {counts['schemas_refused']} "
+                  f"refused: their {counts['instances_of_refused_schemas']} instances not replayed): valid instances "
+                  f"accepted {counts['valid_accepted']}, rejected {len(data['maskbench']['valid_rejected'])}; invalid "
+                  f"instances rejected {counts['invalid_rejected']}, accepted "
+                  f"{len(data['maskbench']['invalid_accepted'])}. Mask fill per row: p50 {fill['p50']:.0f} us, "
+                  f"p99 {fill['p99']:.0f} us ({fill['n']} rows).", ""]
+    if "compliance" in data:
+        compliance = data["compliance"]
+        lines += [f"Compliance on the real model (T=0.7, max_tokens {compliance['max_tokens']}, the schema in the "
+                  "prompt and as the guide): every answer that stopped by itself is checked with `jsonschema`.", "",
+                  "| split | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
+        for split, row in compliance["splits"].items():
+            lines.append(f"| {split} | " + " | ".join(str(row.get(outcome, 0)) for outcome in OUTCOMES) + " |")
+        lines.append("")
+    if "overhead" in data:
+        lines += [f"Time per output token, unconstrained and constrained (the same prompts, max_tokens "
+                  f"{data['overhead']['max_tokens']}; a constrained answer stops where its document ends):", "",
+                  "| streams | unconstrained TPOT p50 ms | constrained TPOT p50 ms | constrained / unconstrained |",
+                  "|---|---|---|---|"]
+        for row in data["overhead"]["rows"]:
+            lines.append(f"| {row['streams']} | {row['free_tpot_ms']:.1f} | {row['guided_tpot_ms']:.1f} | "
+                         f"{row['ratio']:.2f} |")
+        lines.append("")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
@@ -156,6 +201,8 @@ def main() -> int:
         lines += doors_section(json.loads((args.results / "doors.json").read_text()))
     if (args.results / "e2e.json").is_file():
         lines += breakdown_section(json.loads((args.results / "e2e.json").read_text()))
+    if (args.results / "structured.json").is_file():
+        lines += structured_section(json.loads((args.results / "structured.json").read_text()))
     args.out.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {args.out}")
     return 0
