@@ -317,6 +317,20 @@ def test_bad_requests_name_the_field(fields, parameters, message):
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"min_tokens": 2}, "min_tokens cannot be combined with guided_decoding_guide_type"),
+    ({"end_id": -1}, "end_id -1 (never stop at an end token) cannot be combined with guided_decoding_guide_type"),
+    ({"end_id": 7}, "end_id 7 cannot be combined with guided_decoding_guide_type: a finished guide allows only"),
+])
+def test_a_guide_decides_where_the_answer_ends(tokenizer, fields, message):
+    service = GenerateService(tokenizer, None, Limits(), max_active=1, max_queue=1)
+    guided = request(text_input="x", guided_decoding_guide_type="json", **fields)
+    with pytest.raises(InvalidRequest) as error:
+        service.prepare(guided, {})
+    assert message in str(error.value)
+    service.prepare(request(text_input="x", **fields), {})  # without a guide: served
+
+
 def test_context_limit_names_the_allowed_max_tokens():
     parsed = parse_generate_request(request(text_input="x", max_tokens=200), {})
     with pytest.raises(InvalidRequest, match="max_tokens must be <= 56"):

@@ -331,13 +331,6 @@ def _request(values: Mapping[str, Any], parameters: Mapping[str, Any], limits: L
         sampling = replace(sampling, bad_words=fields.pop("bad_ids"))
     fields.pop("bad_ids", None)
     min_tokens = values.get("min_tokens", values.get("min_length", 0))
-    guide = fields.get("guide")
-    if guide is not None and min_tokens:
-        raise InvalidRequest(f"min_tokens cannot be combined with {GUIDE_TYPE_INPUT}: the guide decides where "
-                             f"the answer ends")
-    if guide is not None and values.get("end_id") == -1:
-        raise InvalidRequest(f"end_id -1 (never stop at an end token) cannot be combined with {GUIDE_TYPE_INPUT}: "
-                             f"a finished guide allows only the end tokens")
     return GenerateRequest(
         max_tokens=_bounded_int("max_tokens", values["max_tokens"], 1, limits.max_output_tokens)
         if "max_tokens" in values else None,

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 from zerocheck.frontend.errors import invalid
 from zerocheck.api.guide import GuideError
-from zerocheck.grammar.guide import json_schema_grammar
+from zerocheck.grammar.guide import LENIENT_JSON_OPTIONS, json_schema_grammar
 
 NONE, AUTO, REQUIRED, NAMED = "none", "auto", "required", "named"
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -55,10 +55,6 @@ ARGUMENTS_KEY = '", "arguments": '
 HEAD = CALL_OPEN + '{"name": "'  # a call, up to its function name
 TAIL = "}" + CALL_CLOSE  # after a call's arguments
 SEPARATOR = "\n"  # between parallel calls
-# the embedded schemas' options: compact JSON (the server's JSON policy); keywords llguidance cannot enforce
-# are refused before (json_schema_grammar), so `lenient` only accepts unknown formats and `coerce_one_of`
-# compiles oneOf as anyOf, as the server does for a json_schema guide
-JSON_OPTIONS = {"whitespace_flexible": False, "lenient": True, "coerce_one_of": True}
 TOOLS_PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
 TOOLS_INSTRUCTION = ("</tools>\n\nFor each function call, return a json object with function name and arguments "
@@ -248,7 +244,9 @@ def tools_grammar(tools: Tools) -> str | None:
     for i in indices:
         function = tools.functions[i]
         head = json.dumps(HEAD + function.name + ARGUMENTS_KEY)
-        schema = {**function.parameters, "type": "object", "x-guidance": JSON_OPTIONS}
+        # the server's lenient JSON options: keywords llguidance cannot enforce were refused before
+        # (json_schema_grammar), so they only accept unknown formats and compile oneOf as anyOf
+        schema = {**function.parameters, "type": "object", "x-guidance": LENIENT_JSON_OPTIONS}
         rules.append(f"call_{i}: {head} args_{i} {json.dumps(TAIL)}")
         rules.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     if tools.choice == AUTO:

@@ -64,9 +64,8 @@ class GenerateService:
         vocab = self.tokenizer.vocab_size
         if request.end_id is not None and request.end_id >= vocab:
             raise InvalidRequest(f"end_id must be -1 or a token id in [0, {vocab}), got {request.end_id}")
-        if request.guide is not None and request.end_id is not None and request.end_id not in self.tokenizer.end_ids:
-            raise InvalidRequest(f"end_id {request.end_id} cannot be combined with {GUIDE_TYPE_INPUT}: a finished guide "
-                                 f"allows only the model's end ids {list(self.tokenizer.end_ids)}")
+        if request.guide is not None:
+            self._check_guided(request)
         if any(not 0 <= token < vocab for token, _ in request.bias_ids):
             raise InvalidRequest(f"logit_bias_ids must be token ids in [0, {vocab})")
         if request.dense_bias:
@@ -85,6 +84,17 @@ class GenerateService:
             request = replace(request, max_tokens=min(self.limits.max_output_tokens, room))
         path, degraded = choose_path(request)
         return Prepared(request, prompt_ids, path, degraded, interface=interface)
+
+    def _check_guided(self, request: GenerateRequest) -> None:
+        """The one rule of a guide: a finished guide allows only the model's end ids, so the guide decides where
+        the answer ends (no min_tokens) and an end_id must be one of those ids (not -1, never stop)."""
+        if request.min_tokens:
+            raise InvalidRequest(f"min_tokens cannot be combined with {GUIDE_TYPE_INPUT}: the guide decides where "
+                                 f"the answer ends")
+        if request.end_id is not None and request.end_id not in self.tokenizer.end_ids:
+            never = " (never stop at an end token)" if request.end_id < 0 else ""
+            raise InvalidRequest(f"end_id {request.end_id}{never} cannot be combined with {GUIDE_TYPE_INPUT}: a "
+                                 f"finished guide allows only the model's end ids {list(self.tokenizer.end_ids)}")
 
     def _dense_bias(self, bias: tuple[float, ...]) -> tuple[tuple[int, float], ...]:
         """tensorrt_llm's embedding_bias (a value per vocabulary entry) as (token id, bias) pairs."""

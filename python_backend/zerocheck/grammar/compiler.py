@@ -56,10 +56,6 @@ class GrammarMatcher:
         """Why the matcher stopped accepting tokens (a resource limit, a token outside the grammar), or None."""
         return self._matcher.get_error() if self._matcher.is_error() else None
 
-    @property
-    def finished(self) -> bool:
-        return self._matcher.is_stopped()
-
 
 class GrammarCompiler:
     """Guides compiled against one tokenizer (`tokenizer_json`: the text of its tokenizer.json; `end_ids`: the
@@ -68,7 +64,6 @@ class GrammarCompiler:
     def __init__(self, tokenizer_json: str, end_ids: Sequence[int], vocab_size: int,
                  timeout_s: float = COMPILE_TIMEOUT_S, cache_size: int = CACHE_SIZE) -> None:
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(end_ids))
-        self.vocab_size = vocab_size
         self.timeout_s, self.cache_size = timeout_s, cache_size
         self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
         self._refused: OrderedDict[Guide, str] = OrderedDict()

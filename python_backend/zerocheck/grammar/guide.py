@@ -25,6 +25,8 @@ from zerocheck.api.guide import GUIDE_INPUT, Guide, GuideError
 ANY_JSON_OBJECT = '{"type": "object"}'  # the `json` guide (OpenAI's json_object)
 # compact separators (llguidance's default): the fewest tokens; whitespace between tokens is not allowed
 JSON_OPTIONS = {"whitespace_flexible": False}
+# the fallback for schemas the strict options refuse: unknown formats accepted, oneOf compiled as anyOf
+LENIENT_JSON_OPTIONS = {**JSON_OPTIONS, "lenient": True, "coerce_one_of": True}
 _UNIMPLEMENTED = re.compile(r"^Unimplemented keys: ")
 
 
@@ -57,11 +59,10 @@ def json_schema_grammar(schema: str) -> str:
     if _UNIMPLEMENTED.match(message):
         raise GuideError(f"{GUIDE_INPUT}: JSON schema keyword(s) not supported (they cannot be enforced): "
                          f"{_UNIMPLEMENTED.sub('', message)}")
-    lenient = llguidance.LLMatcher.grammar_from_json_schema(
-        schema, overrides={**JSON_OPTIONS, "lenient": True, "coerce_one_of": True})
+    lenient = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=LENIENT_JSON_OPTIONS)
     failed, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(lenient)
     unimplemented = [w for w in warnings if _UNIMPLEMENTED.match(w)]
     if failed or unimplemented:
         raise GuideError(f"{GUIDE_INPUT}: JSON schema not supported: "
-                         f"{(warnings or unimplemented or [message])[0]}")
+                         f"{(warnings or [message])[0]}")
     return lenient
