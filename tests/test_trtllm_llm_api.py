@@ -1,8 +1,9 @@
-"""The trtllm flavor's `tensorrt_llm` model (zerocheck.trtllm.llm_api, model_repository_trtllm/) without TensorRT-LLM:
-the version check, tensorrtllm_backend's token inputs turned into zerocheck's sampling and the LLM API's
-SamplingParams arguments, whole requests served over a stand-in for `LLM.generate_async` (streaming, stop words,
-end ids, max_tokens, cancellation, engine failures), the flavor's config against the default door's, the Docker
-flavor, and the model's load refusing cleanly where tensorrt_llm is not installed."""
+"""`generate`'s tensorrt_llm engine, the trtllm flavor (zerocheck.trtllm.llm_api, model_repository_trtllm/), without
+TensorRT-LLM: the version check, tensorrtllm_backend's token inputs turned into zerocheck's sampling and the LLM
+API's SamplingParams arguments, whole requests served over a stand-in for `LLM.generate_async` (streaming, stop
+words, end ids, max_tokens, cancellation, engine failures), the flavor's config against the default `generate`'s, the
+Docker flavor, the load refusing cleanly where tensorrt_llm is not installed, and a real tritonserver serving the
+flavor over a stand-in tensorrt_llm package (tests/fixtures/fake_tensorrt_llm): every door reaches the engine."""
 from __future__ import annotations
 
 import asyncio
@@ -10,30 +11,40 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import openai
 import pytest
+import requests
 import torch
+from tritonclient.utils import InferenceServerException
 
 import conftest
-from test_model_repository import config as default_config, tensors
+from test_model_repository import config as default_config, model_config as default_model_config, tensors
+from test_trtllm_clients import ok, run, text_inputs, token_inputs
 from zerocheck.api.errors import InvalidRequest
-from zerocheck.api.request import Limits
+from zerocheck.api.request import TOKENS, Limits
 from zerocheck.generate.sequence import Sequence
 from zerocheck.generate.service import GenerateService
 from zerocheck.tokenizer import load_tokenizer
-from zerocheck.triton.config import ConfigError, ModelConfig, parameters
+from zerocheck.tokenizer.chat import Message
+from zerocheck.serve.repository import copy_repository
+from zerocheck.serve.stack import ServingStack
+from zerocheck.triton.config import ConfigError, GenerateParameters, ModelConfig, parameters
 from zerocheck.trtllm import ZeroCheckLogitsProcessor
 from zerocheck.trtllm import llm_api
-from zerocheck.trtllm.llm_api import (Answers, LlmApiParameters, LlmApiScheduler, TokenModel, UnsupportedTensorRTLLM,
-                                      check_tensorrt_llm_version, llm_arguments, sampling_arguments)
+from zerocheck.trtllm.llm_api import (LlmApiParameters, LlmApiScheduler, UnsupportedTensorRTLLM,
+                                      check_tensorrt_llm_version, llm_arguments, refuse_unserved, sampling_arguments)
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAVOR = ROOT / "model_repository_trtllm"
+FAKE_TENSORRT_LLM = ROOT / "tests" / "fixtures" / "fake_tensorrt_llm"
+PROMPT_TEXT = "def fibonacci(n):"
 PROMPT = [74, 71, 78, 78, 81]
 LIMITS = Limits(max_prompt_tokens=64, max_output_tokens=64, max_context=128)
 
@@ -125,19 +136,35 @@ class StandInEngine:
                 return outputs
 
 
+class TokenModel:
+    """`generate`'s service over the tensorrt_llm engine as its model.py builds it (refuse_unserved), with its token
+    interface (what the tensorrt_llm door forwards): `prepare` a request's rows, `serve` them to their responses."""
+
+    def __init__(self, tokenizer, engine: StandInEngine) -> None:
+        self.service = GenerateService(tokenizer, LlmApiScheduler(engine, cancel_poll_s=0.01), LIMITS, max_active=4,
+                                       max_queue=4, refuse_unserved=refuse_unserved)
+
+    def prepare(self, arrays: dict, parameters: dict) -> list:
+        return self.service.prepare_batch(arrays, {**parameters, "interface": TOKENS})
+
+    async def serve(self, rows: list, send, cancelled=lambda: False) -> None:
+        self.service.reserve(len(rows))
+        async with self.service.admission(sum(row.request.num_return_sequences for row in rows)):
+            await self.service.serve(rows, send, cancelled)
+
+
 def model(tokenizer, engine: StandInEngine) -> TokenModel:
-    service = GenerateService(tokenizer, LlmApiScheduler(engine, cancel_poll_s=0.01), LIMITS, max_active=4,
-                              max_queue=4)
-    return TokenModel(service)
+    return TokenModel(tokenizer, engine)
 
 
-def serve(token_model: TokenModel, arrays: dict, parameters: dict | None = None, request_id: str = "",
-          cancelled=lambda: False) -> list:
-    """Serve one request; its responses as (arrays or None, final) and errors as ("error", exception)."""
+def serve(token_model: TokenModel, arrays: dict, parameters: dict | None = None, cancelled=lambda: False) -> list:
+    """Serve one request; its responses as (arrays, sequence's final) and an error as ("error", exception)."""
     sent: list = []
-    answers = Answers(lambda arrays, final: sent.append((arrays, final)), lambda error: sent.append(("error", error)))
     rows = token_model.prepare(arrays, parameters or {})
-    asyncio.run(token_model.serve(request_id, rows, answers, cancelled))
+    try:
+        asyncio.run(token_model.serve(rows, lambda arrays, final: sent.append((arrays, final)), cancelled))
+    except Exception as error:
+        sent.append(("error", error))
     return sent
 
 
@@ -172,8 +199,8 @@ def test_a_missing_tensorrt_llm_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
 # -- request conversion --------------------------------------------------------------------------------------------
 
 def test_the_engine_runs_greedy_with_the_pytorch_backend_and_no_overlap_scheduler() -> None:
-    params = parameters(LlmApiParameters, flavor_model_config())
-    arguments = llm_arguments(Path("/artifacts/hf_model"), params)
+    params = parameters(LlmApiParameters, flavor_model_config(), shared_with=(GenerateParameters,))
+    arguments = llm_arguments(Path("/artifacts/hf_model"), params, max_batch_size=64, max_seq_len=2048)
     assert arguments == {"model": "/artifacts/hf_model", "backend": "pytorch", "disable_overlap_scheduler": True,
                          "dtype": "bfloat16", "max_batch_size": 64, "max_seq_len": 2048,
                          "kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
@@ -215,8 +242,8 @@ def test_the_model_end_ids_and_end_id_minus_one(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("fields, parameters, message", [
-    ({"return_log_probs": True}, {}, "return_log_probs is not served by the trtllm flavor"),
-    ({}, {"zerocheck": "off"}, "zerocheck off: the trtllm flavor's tensorrt_llm model draws with zerocheck's sampler"),
+    ({"return_log_probs": True}, {}, r"return_log_probs is not served by the tensorrt_llm engine \(trtllm flavor\)"),
+    ({}, {"zerocheck": "off"}, r"zerocheck off: the tensorrt_llm engine \(trtllm flavor\) draws with zerocheck's"),
     ({"input_ids": [700]}, {}, r"input_ids must be token ids in \[0, 600\)"),
     ({"beam_width": 2}, {}, "beam_width must be 1"),
 ])
@@ -232,7 +259,7 @@ def test_what_the_flavor_does_not_serve_is_refused_by_name(tokenizer, fields, pa
 def test_a_guide_is_refused_by_name(tokenizer) -> None:
     arrays = {**token_request(), "guided_decoding_guide_type": np.array([[b"regex"]], object),
               "guided_decoding_guide": np.array([[b"a+"]], object)}
-    with pytest.raises(InvalidRequest, match="guided_decoding_guide_type: the trtllm flavor's tensorrt_llm model"):
+    with pytest.raises(InvalidRequest, match=r"guided_decoding_guide_type: the tensorrt_llm engine \(trtllm flavor\) serves no guides"):
         model(tokenizer, StandInEngine()).prepare(arrays, {})
 
 
@@ -280,26 +307,6 @@ def test_a_cancelled_request_ends_cancelled_and_aborts_the_engines_request(token
     assert engine.requests[0].aborted
 
 
-def test_a_stop_request_stops_the_request_with_its_id(tokenizer) -> None:
-    engine = StandInEngine(script=[[20]], hang=True)
-    token_model = model(tokenizer, engine)
-    sent: list = []
-    answers = Answers(lambda arrays, final: sent.append((arrays, final)), lambda error: sent.append(("error", error)))
-
-    async def scenario() -> None:
-        rows = token_model.prepare(token_request(request_output_len=10, streaming=True), {})
-        serving = asyncio.ensure_future(token_model.serve("req-1", rows, answers))
-        while not engine.requests:
-            await asyncio.sleep(0.01)
-        token_model.stop("req-1")
-        await serving
-
-    asyncio.run(scenario())
-    assert sent[-1][1] and sent[-1][0]["finish_reason"][0][0] == b"cancelled" and engine.requests[0].aborted
-    with pytest.raises(InvalidRequest, match="stop: give the request id"):
-        token_model.stop("")
-
-
 def test_an_engine_failure_is_the_requests_error_without_a_traceback(tokenizer) -> None:
     sent = serve(model(tokenizer, StandInEngine(fail=RuntimeError("CUDA error: out of memory"))), token_request())
     ((kind, error),) = sent
@@ -324,52 +331,54 @@ def test_the_processor_decides_the_tokens_and_a_seed_repeats_them(tokenizer) -> 
     assert first == tokens(3)[0] and first != second and len(second) == 12
 
 
-def test_answers_send_the_final_flag_with_the_last_response() -> None:
-    sent: list = []
-    answers = Answers(lambda arrays, final: sent.append((arrays, final)), lambda error: sent.append(("error", error)))
-    answers.send({"a": 1}, final=False)
-    answers.send({"b": 2}, final=True)
-    answers.send({"c": 3}, final=True)
-    answers.close()
-    assert sent == [({"a": 1}, False), ({"b": 2}, False), ({"c": 3}, True)]
-    sent.clear()
-    Answers(lambda arrays, final: sent.append((arrays, final)), lambda error: sent.append(("error", error))).close()
-    assert sent == [(None, True)]
-
-
 # -- the flavor's repository, model and image ---------------------------------------------------------------------
 
 def flavor_config() -> str:
-    return (FLAVOR / "tensorrt_llm" / "config.pbtxt").read_text()
+    return (FLAVOR / "generate" / "config.pbtxt").read_text()
 
 
 def flavor_model_config(**extra: str) -> ModelConfig:
     found = dict(re.findall(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}', flavor_config()))
-    return ModelConfig({"model_config": json.dumps({"name": "tensorrt_llm", "parameters": {
+    return ModelConfig({"model_config": json.dumps({"name": "generate", "parameters": {
         key: {"string_value": value} for key, value in {**found, **extra}.items()}})})
 
 
-def test_the_flavor_holds_only_a_tensorrt_llm_model() -> None:
+def test_the_flavor_holds_only_generates_config() -> None:
     assert sorted(path.relative_to(FLAVOR).as_posix() for path in FLAVOR.rglob("*")
-                  if path.is_file() and "__pycache__" not in path.parts) == [
-        "tensorrt_llm/1/model.py", "tensorrt_llm/config.pbtxt"]
+                  if path.is_file() and "__pycache__" not in path.parts) == ["generate/config.pbtxt"]
 
 
-def test_the_flavors_config_declares_the_default_doors_inputs_and_outputs() -> None:
-    flavor, default = flavor_config(), default_config("tensorrt_llm")
+def test_the_flavors_generate_is_the_default_one_on_the_tensorrt_llm_engine() -> None:
+    """The same model.py (the flavor has none), inputs, outputs and policy; only its parameters differ: engine
+    tensorrt_llm, the engine's own and a max_concurrent_sequences (the engine's max_batch_size)."""
+    flavor, default = flavor_config(), default_config("generate")
     for section in ("input", "output"):
         assert list(tensors(flavor, section).items()) == list(tensors(default, section).items()), section
-    for line in ('name: "tensorrt_llm"', 'backend: "python"', "max_batch_size: 64", "decoupled: true"):
-        assert line in flavor and line in default
+    body = lambda text: text[text.index('name: "generate"'):text.index("instance_group")]  # noqa: E731
+    assert body(flavor) == body(default)
+    generate = parameters(GenerateParameters, flavor_model_config(), shared_with=(LlmApiParameters,))
+    assert generate.engine == "tensorrt_llm" and generate.max_concurrent_sequences == 64
+    default_generate = parameters(GenerateParameters, default_model_config("generate"))
+    assert default_generate.engine == "zerocheck"
+    same = ("max_prompt_tokens", "max_output_tokens", "max_context", "max_queue_size", "queue_timeout_s")
+    assert all(getattr(generate, name) == getattr(default_generate, name) for name in same)
 
 
 def test_the_flavors_parameters_parse_and_a_bad_one_is_named() -> None:
-    params = parameters(LlmApiParameters, flavor_model_config())
-    assert params.limits() == Limits(max_prompt_tokens=1024, max_output_tokens=1024, max_context=2048)
+    params = parameters(LlmApiParameters, flavor_model_config(), shared_with=(GenerateParameters,))
+    assert params == LlmApiParameters(dtype="bfloat16", kv_cache_free_gpu_memory_fraction=0.5)
     with pytest.raises(ConfigError, match="kv_cache_free_gpu_memory_fraction must be in \\(0, 1\\], got 1.5"):
-        parameters(LlmApiParameters, flavor_model_config(kv_cache_free_gpu_memory_fraction="1.5"))
+        parameters(LlmApiParameters, flavor_model_config(kv_cache_free_gpu_memory_fraction="1.5"),
+                   shared_with=(GenerateParameters,))
     with pytest.raises(ConfigError, match="parameter dtype must be auto, bfloat16 or float16, got 'float32'"):
-        parameters(LlmApiParameters, flavor_model_config(dtype="float32"))
+        parameters(LlmApiParameters, flavor_model_config(dtype="float32"), shared_with=(GenerateParameters,))
+    with pytest.raises(ConfigError, match="max_concurrent_sequences must be >= 1 with engine tensorrt_llm"):
+        parameters(GenerateParameters, flavor_model_config(max_concurrent_sequences="0"),
+                   shared_with=(LlmApiParameters,))
+    with pytest.raises(ConfigError, match="parameter engine must be one of zerocheck, tensorrt_llm, got 'vllm'"):
+        parameters(GenerateParameters, flavor_model_config(engine="vllm"), shared_with=(LlmApiParameters,))
+    with pytest.raises(ConfigError, match="unknown parameter.*dtype"):  # the engine's parameters are the flavor's
+        parameters(GenerateParameters, flavor_model_config())
 
 
 def test_the_docker_trtllm_flavor_installs_the_overlay_and_builds_no_engine() -> None:
@@ -382,17 +391,25 @@ def test_the_docker_trtllm_flavor_installs_the_overlay_and_builds_no_engine() ->
     assert any(word == "COPY" and rest.split()[0] == "model_repository_trtllm/" for word, rest in instructions)
 
 
+def flavored_repository(root: Path) -> Path:
+    """The packaged model repository with the flavor laid over it, as the Docker image does (cp -r)."""
+    repository = copy_repository(root / "model_repository", {})
+    shutil.copytree(FLAVOR, repository, dirs_exist_ok=True)
+    return repository
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="tensorrt_llm is installed here")
-def test_the_models_load_stops_naming_the_missing_tensorrt_llm(tmp_path: Path) -> None:
-    """The flavor's model.py imported under a stand-in pb_utils (as tests/test_openmp.py does): initialize raises
-    naming the missing package before it reads any artifact."""
-    args = {"model_config": json.dumps({"name": "tensorrt_llm", "parameters": {
+def test_the_flavors_load_stops_naming_the_missing_tensorrt_llm(tmp_path: Path) -> None:
+    """The flavor's generate (the default model.py with the flavor's config) imported under a stand-in pb_utils (as
+    tests/test_openmp.py does): initialize raises naming the missing package before it reads any artifact."""
+    args = {"model_config": json.dumps({"name": "generate", "parameters": {
         key: {"string_value": value} for key, value in flavor_model_config().parameters.items()}})}
     code = f"""
 import importlib.util, json, sys, types
-sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
-sys.modules["triton_python_backend_utils"].TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-spec = importlib.util.spec_from_file_location("flavor_model", {str(FLAVOR / "tensorrt_llm/1/model.py")!r})
+pb_utils = sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+pb_utils.InferenceResponse = lambda output_tensors=(), parameters=None: None
+spec = importlib.util.spec_from_file_location("generate_model", {str(ROOT / "model_repository/generate/1/model.py")!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 model = module.TritonPythonModel()
@@ -405,6 +422,76 @@ model.finalize()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, "ZEROCHECK_ARTIFACTS": str(tmp_path / "none")})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("UnsupportedTensorRTLLM the trtllm flavor's tensorrt_llm model needs TensorRT-LLM")
+    assert result.stdout.startswith("UnsupportedTensorRTLLM generate's engine tensorrt_llm (the trtllm flavor) needs")
     assert "which is not installed" in result.stdout
 
+
+@pytest.fixture(scope="module")
+def flavor_server(tritonserver_binary: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`zerocheck serve` over the flavored repository, with the stand-in tensorrt_llm (package and metadata) beside
+    generate's model.py, where its stub imports from, and its calls logged; yields (server, a function that reads the
+    log's events)."""
+    root = tmp_path_factory.mktemp("trtllm_flavor")
+    events = root / "tensorrt_llm.jsonl"
+    repository = flavored_repository(root)
+    shutil.copytree(FAKE_TENSORRT_LLM, repository / "generate" / "1", dirs_exist_ok=True)
+    env = {"ZEROCHECK_ARTIFACTS": str(conftest.test_artifacts_dir()), "FAKE_TENSORRT_LLM_LOG": str(events)}
+    server = ServingStack(repository, tritonserver=tritonserver_binary, env=env)
+    server.start()
+    try:
+        server.wait_ready(conftest.READY_TIMEOUT_S)
+        yield server, lambda: [json.loads(line) for line in events.read_text().splitlines()]
+    finally:
+        server.stop()
+
+
+def test_every_door_of_the_flavor_reaches_the_llm_api(flavor_server, tokenizer) -> None:
+    """tensorrtllm_backend's ensemble and BLS (gRPC, streamed and not), its tensorrt_llm token door, Triton's HTTP
+    generate endpoint and the OpenAI SDK: each request is one generate_async call of the engine, greedy, with
+    zerocheck's processor deciding the tokens (a seeded request repeats its answer through another door)."""
+    server, events = flavor_server
+    (llm,) = [event["llm"] for event in events() if "llm" in event]
+    assert llm["backend"] == "pytorch" and llm["disable_overlap_scheduler"] is True
+    assert llm["max_batch_size"] == 64 and llm["max_seq_len"] == 256  # the test artifacts' context
+    seeded = {"seed": np.array([[5]], np.uint64), "end_id": np.array([[-1]], np.int32)}
+
+    texts = {}
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        for streaming in (False, True):
+            results = ok(run(server.grpc_url, model, text_inputs(PROMPT_TEXT, 6, streaming, **seeded)))
+            text = "".join(result.as_numpy("text_output")[0].decode() for result in results)
+            texts[model, streaming] = text if streaming else text.removeprefix(PROMPT_TEXT)  # a whole one echoes it
+    assert len(set(texts.values())) == 1 and next(iter(texts.values()))  # one seeded answer through every door
+
+    ids = tokenizer.encode(PROMPT_TEXT)
+    (whole,) = ok(run(server.grpc_url, "tensorrt_llm", token_inputs(ids, 6, False, exclude_input_in_output=np.array(
+        [[True]]), seed=np.array([[5]], np.uint64), temperature=np.array([[1.0]], np.float32),
+        runtime_top_k=np.array([[0]], np.int32), runtime_top_p=np.array([[1.0]], np.float32))))
+    assert tokenizer.decode(list(whole.as_numpy("output_ids")[0][0])) == next(iter(texts.values()))
+
+    answer = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", timeout=60,
+                           json={"text_input": PROMPT_TEXT, "max_tokens": 4, "seed": 5, "end_id": -1}).json()
+    assert answer["text_output"] and answer["finish_reason"] == "length"
+
+    client = openai.OpenAI(base_url=server.openai_url, api_key="unused")
+    chat = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=5, messages=[
+        {"role": "user", "content": "hello"}])
+    assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage.completion_tokens >= 1
+
+    calls = [event["generate_async"] for event in events() if "generate_async" in event]
+    assert len(calls) == 4 + 1 + 1 + 1  # every request above, one engine request each
+    assert all(call["temperature"] == 0.0 and call["top_k"] == 1 and call["streaming"] for call in calls)
+    assert calls[-1]["prompt"] == tokenizer.encode(tokenizer.apply_chat_template([Message("user", "hello")]))
+
+
+def test_the_flavor_refuses_by_name_what_the_engine_does_not_serve(flavor_server) -> None:
+    server, _ = flavor_server
+    for inputs, headers, message in (
+            (text_inputs(PROMPT_TEXT, 4), {"zerocheck": "off"}, "zerocheck off: the tensorrt_llm engine"),
+            (text_inputs(PROMPT_TEXT, 4, guided_decoding_guide_type=np.array([["regex"]], object),
+                         guided_decoding_guide=np.array([["a+"]], object)), None,
+             "guided_decoding_guide_type: the tensorrt_llm engine (trtllm flavor) serves no guides")):
+        (error,) = run(server.grpc_url, "ensemble", inputs, headers=headers)
+        assert isinstance(error, InferenceServerException) and message in error.message()
+        assert "Traceback" not in error.message()
+    assert ok(run(server.grpc_url, "ensemble", text_inputs(PROMPT_TEXT, 2)))  # and it goes on serving

@@ -1,6 +1,9 @@
 """Decoupled BLS model `generate`: the generation loop of every door, streaming. `ensemble`,
 `tensorrt_llm_bls` and `tensorrt_llm` forward their requests here (zerocheck.triton.forward; the request
 parameter `interface` says which interface a request speaks), so one admission and one scheduler serve them all.
+Its parameter `engine` says what runs the sequences: `zerocheck` (below) or, in the trtllm flavor,
+`tensorrt_llm`: TensorRT-LLM's LLM API with zerocheck's sampler as each sequence's logits processor
+(zerocheck.trtllm.llm_api; the load stops naming a missing or unsupported TensorRT-LLM).
 
 Every request runs as a task on the stub's asyncio event loop (Triton 2.51's Python backend crashes
 when pb_utils objects are used from several threads, so only the loop touches them; guides compile in the
@@ -24,7 +27,10 @@ from zerocheck.triton.watchdog import StubWatchdog, stop_server
 from zerocheck.api.request import ENGINE_INPUTS, Limits
 from zerocheck.generate.metrics import GenerateMetrics
 from zerocheck.generate.relay import NEXT, RELAY_PARAMETER, START, Relay, error_arrays
-from zerocheck.triton.config import GenerateParameters, ModelConfig, built_max_seq_len, parameters
+from zerocheck.triton.config import TENSORRT_LLM_ENGINE, GenerateParameters, ModelConfig, built_max_seq_len, \
+    parameters
+from zerocheck.trtllm.llm_api import LlmApiParameters, refuse_unserved, require_tensorrt_llm, \
+    start_llm_scheduler
 from zerocheck.triton.tensors import error_for, request_arrays, request_parameters, tensors
 from zerocheck.tokenizer import load_tokenizer
 
@@ -109,21 +115,34 @@ class TritonPythonModel:
     def initialize(self, args):
         self.with_parameters = response_parameters_supported()
         config = ModelConfig(args)
-        params = parameters(GenerateParameters, config)
+        params = parameters(GenerateParameters, config, shared_with=(LlmApiParameters,))
+        if params.engine == TENSORRT_LLM_ENGINE:
+            require_tensorrt_llm()  # before anything loads
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(params.max_context, built_max_seq_len(config.artifacts_dir()))
         limits = Limits(max_prompt_tokens=min(params.max_prompt_tokens, context - 1),
                         max_output_tokens=min(params.max_output_tokens, context), max_context=context)
         self.metrics = GenerateMetrics(pb_utils)
-        scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
-                                  prefill_tokens=params.prefill_tokens_per_step,
-                                  on_cancel_freed=self.metrics.cancel_freed.observe, decode_steps=params.decode_steps,
-                                  decode_steps_max_rows=params.decode_steps_max_rows)
-        # every KV-cache slot by default: the decoder's refuses a sequence only when all are taken
-        max_active = params.max_concurrent_sequences or int(config.sibling_parameter("decoder", "max_slots"))
-        self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
-                                       params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe,
-                                       grammars=GrammarCompiler.for_tokenizer(tokenizer))
+        self.shutdown = lambda: None
+        if params.engine == TENSORRT_LLM_ENGINE:  # the trtllm flavor: TensorRT-LLM's LLM API runs the sequences
+            engine_params = parameters(LlmApiParameters, config, shared_with=(GenerateParameters,))
+            scheduler, self.shutdown = start_llm_scheduler(config.artifacts_dir(), engine_params,
+                                                           params.max_concurrent_sequences, context)
+            self.service = GenerateService(tokenizer, scheduler, limits, params.max_concurrent_sequences,
+                                           params.max_queue_size, params.queue_timeout_s,
+                                           on_queue_wait=self.metrics.queue_wait.observe,
+                                           refuse_unserved=refuse_unserved)
+        else:
+            scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
+                                      prefill_tokens=params.prefill_tokens_per_step,
+                                      on_cancel_freed=self.metrics.cancel_freed.observe,
+                                      decode_steps=params.decode_steps,
+                                      decode_steps_max_rows=params.decode_steps_max_rows)
+            # every KV-cache slot by default: the decoder's refuses a sequence only when all are taken
+            max_active = params.max_concurrent_sequences or int(config.sibling_parameter("decoder", "max_slots"))
+            self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
+                                           params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe,
+                                           grammars=GrammarCompiler.for_tokenizer(tokenizer))
         self.test_delay_s = params.test_delay_ms / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (a door forwards its own)
         self.relays: dict[str, Relay] = {}  # a door's relayed requests, by request id
@@ -230,5 +249,7 @@ class TritonPythonModel:
             metrics.active.set(self.service.active)
 
     def finalize(self):
-        if self.watchdog is not None:
+        if getattr(self, "watchdog", None) is not None:  # a refused load has none
             self.watchdog.stop()
+        if hasattr(self, "shutdown"):
+            self.shutdown()

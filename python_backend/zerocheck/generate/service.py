@@ -16,13 +16,12 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 import numpy as np
 
 from zerocheck.api.errors import InvalidRequest, Overloaded
 from zerocheck.generate.responses import Prepared, response_arrays
-from zerocheck.generate.scheduler import StepScheduler
 from zerocheck.generate.sequence import Chunk, Generation, Sequence, choose_path
 from zerocheck.grammar import GUIDE_TYPE_INPUT, GrammarCompiler
 from zerocheck.sampling.params import MAX_LOGIT_BIAS
@@ -31,17 +30,27 @@ from zerocheck.api.request import TOKENS, GenerateRequest, Limits, check_context
 from zerocheck.tokenizer import TextTokenizer
 from zerocheck.tokenizer.chat import ChatTemplateError
 
+class Scheduler(Protocol):
+    """What runs the sequences: `StepScheduler` (zerocheck's decoder) or `zerocheck.trtllm.llm_api.LlmApiScheduler`.
+    `run` generates them to their end, handing `emit` each streamed chunk and each good end (chunk None)."""
+
+    async def run(self, sequences: list[Sequence], emit: Callable[[Sequence, Chunk | None], None]) -> None: ...
+
+
 class GenerateService:
     """Validation, admission control and generation for the `generate` model."""
 
-    def __init__(self, tokenizer: TextTokenizer, scheduler: StepScheduler | None, limits: Limits, max_active: int,
+    def __init__(self, tokenizer: TextTokenizer, scheduler: Scheduler | None, limits: Limits, max_active: int,
                  max_queue: int, queue_timeout_s: float = 30.0,
                  on_queue_wait: Callable[[float], None] = lambda seconds: None,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None,
+                 refuse_unserved: Callable[[Prepared], None] = lambda row: None) -> None:
         """max_active: sequences generating at once (the decoder's KV-cache slots); max_queue: sequences
         waiting for one; on_queue_wait: called with each admitted request's wait in the queue; grammars: compiles
-        the requests' guides before they are admitted (None: a guide is refused)."""
+        the requests' guides before they are admitted (None: a guide is refused); refuse_unserved: raises
+        InvalidRequest for a validated row the scheduler's engine does not serve."""
         self.tokenizer = tokenizer
+        self.refuse_unserved = refuse_unserved
         self.grammars = grammars
         self.scheduler = scheduler
         self.on_queue_wait = on_queue_wait
@@ -83,7 +92,9 @@ class GenerateService:
             room = self.limits.max_context - len(prompt_ids)
             request = replace(request, max_tokens=min(self.limits.max_output_tokens, room))
         path, degraded = choose_path(request)
-        return Prepared(request, prompt_ids, path, degraded, interface=interface)
+        prepared = Prepared(request, prompt_ids, path, degraded, interface=interface)
+        self.refuse_unserved(prepared)
+        return prepared
 
     def _check_guided(self, request: GenerateRequest) -> None:
         """The one rule of a guide: a finished guide allows only the model's end ids, so the guide decides where

@@ -22,6 +22,8 @@ from zerocheck.wire.step import MAX_DECODE_STEPS
 # read by ModelConfig itself, or by the Python backend: any model may set them
 SHARED_PARAMETERS = ("artifacts", "EXECUTION_ENV_PATH", "FORCE_CPU_ONLY_INPUT_TENSORS")
 _BOOLEANS = {"true": True, "false": False}
+ZEROCHECK_ENGINE, TENSORRT_LLM_ENGINE = "zerocheck", "tensorrt_llm"
+GENERATE_ENGINES = (ZEROCHECK_ENGINE, TENSORRT_LLM_ENGINE)  # what `generate`'s sequences run on
 
 
 class ConfigError(ValueError):
@@ -74,13 +76,15 @@ class ModelConfig:
 P = TypeVar("P")
 
 
-def parameters(kind: type[P], config: ModelConfig) -> P:
+def parameters(kind: type[P], config: ModelConfig, shared_with: tuple[type, ...] = ()) -> P:
     """`config`'s parameters as a `kind` dataclass: each field from the parameter of its name, converted
     to the field's type (int, float, str, bool as "true" / "false"); a field without a default must be
-    set; a parameter no field names is refused."""
+    set; a parameter no field names (of `kind`, or of the dataclasses `shared_with`, which the same config
+    feeds) is refused."""
     hints = typing.get_type_hints(kind)
     fields = {field.name: field for field in dataclasses.fields(kind)}
-    unknown = sorted(set(config.parameters) - set(fields) - set(SHARED_PARAMETERS))
+    others = {field.name for other in shared_with for field in dataclasses.fields(other)}
+    unknown = sorted(set(config.parameters) - set(fields) - others - set(SHARED_PARAMETERS))
     if unknown:
         raise ConfigError(f"model {config.name}: unknown parameter(s) {', '.join(unknown)}; "
                           f"known: {', '.join(fields)}")
@@ -145,6 +149,7 @@ class DecoderParameters:
 class GenerateParameters:
     """`generate`: the generation loop of every door (see its config.pbtxt for each one's meaning)."""
 
+    engine: str  # zerocheck: the decoder model; tensorrt_llm: TensorRT-LLM's LLM API (the trtllm flavor)
     max_concurrent_sequences: int  # 0: the decoder's max_slots
     max_queue_size: int
     queue_timeout_s: float
@@ -168,6 +173,11 @@ class GenerateParameters:
                   decode_steps_max_rows=self.decode_steps_max_rows)
         if self.decode_steps > MAX_DECODE_STEPS:
             raise ValueError(f"parameter decode_steps must be <= {MAX_DECODE_STEPS}, got {self.decode_steps}")
+        if self.engine not in GENERATE_ENGINES:
+            raise ValueError(f"parameter engine must be one of {', '.join(GENERATE_ENGINES)}, got {self.engine!r}")
+        if self.engine == TENSORRT_LLM_ENGINE and not self.max_concurrent_sequences:
+            raise ValueError("parameter max_concurrent_sequences must be >= 1 with engine tensorrt_llm (the "
+                             "engine's max_batch_size)")
 
 
 @dataclass(frozen=True)

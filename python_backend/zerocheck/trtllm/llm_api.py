@@ -1,25 +1,25 @@
-"""The trtllm flavor's `tensorrt_llm` model without Triton: tensorrtllm_backend's token-level interface served by
-TensorRT-LLM's LLM API (PyTorch backend), each sequence drawn by zerocheck's sampler as its logits processor.
+"""`generate`'s sequences on TensorRT-LLM's LLM API (PyTorch backend), each drawn by zerocheck's sampler as its
+logits processor: the trtllm flavor (model_repository_trtllm/ sets `generate`'s parameter `engine: tensorrt_llm`).
 
-    ids in --> GenerateService.prepare_batch (the `generate` model's validation, interface tokens)
-           --> one Sequence per requested sequence (zerocheck.generate.sequence: end ids, stop words, max_tokens,
-               chunks) driven by LlmApiScheduler: one streaming `LLM.generate_async(prompt ids, SamplingParams(
-               temperature=0, logits_processor=ZeroCheckLogitsProcessor(...)))` each
-           --> response_arrays (interface tokens: output_ids [1, 1, T], sequence_length, zerocheck's fields)
+    every door --> `generate` (GenerateService: validation, tokenization, admission, stop rules, responses)
+               --> LlmApiScheduler: one streaming `LLM.generate_async(prompt ids, SamplingParams(temperature=0,
+                   logits_processor=ZeroCheckLogitsProcessor(...)))` per sequence, its outputs applied to the Sequence
 
-The generation loop and the KV cache are TensorRT-LLM's; zerocheck keeps the request contract (TOKEN_INPUTS,
-limits, admission, errors), the draw and the stop rules. The engine samples greedily with its own penalties,
-bad words and min_tokens off (they are the processor's) and the overlap scheduler off (`llm_arguments`), so it
-emits exactly the processor's draw. Stop words stay out of the engine: the Sequence ends at one (the stop word
-kept in the output, as zerocheck's decoder answers) and the engine's request is aborted. The engine's end token
-ends the sequence with finish_reason eos whether the engine returns it or not.
+So `ensemble`, `tensorrt_llm_bls`, `tensorrt_llm` and the OpenAI and Anthropic front ends reach the engine unchanged.
+The generation loop and the KV cache are TensorRT-LLM's; zerocheck keeps the request contract (limits, admission,
+errors), the draw and the stop rules. The engine samples greedily with its own penalties, bad words and min_tokens
+off (they are the processor's) and the overlap scheduler off (`llm_arguments`), so it emits exactly the processor's
+draw. Stop words stay out of the engine: the Sequence ends at one (the stop word kept in the output, as zerocheck's
+decoder answers) and the engine's request is aborted. The engine's end token ends the sequence with finish_reason
+eos whether the engine returns it or not.
 
-Not served here, refused by name: the checked path (request parameter `zerocheck: off`), log-probabilities (the
-engine's would be those of the processor's one-hot mask) and guides (zerocheck's grammars live in its decoder).
+Not served on this engine, refused by name (`refuse_unserved`): the checked path (request parameter
+`zerocheck: off`), log-probabilities (the engine's would be those of the processor's one-hot mask) and guides
+(zerocheck's grammars live in its decoder).
 
-`check_tensorrt_llm_version` refuses a TensorRT-LLM outside SUPPORTED_TENSORRT_LLM before anything imports it;
-`start_token_model` is what the flavor's model.py builds at load. Only `start_llm` and `llm_generate` import
-tensorrt_llm; the rest runs (and is tested) without it.
+`require_tensorrt_llm` refuses a missing TensorRT-LLM or one outside SUPPORTED_TENSORRT_LLM before anything imports it;
+`start_llm_scheduler` is what `generate` builds at load. Only `start_llm` and `llm_generate` import tensorrt_llm;
+the rest runs (and is tested) without it.
 """
 from __future__ import annotations
 
@@ -30,18 +30,13 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-import numpy as np
-
-from zerocheck.api.errors import ErrorCode, InternalError, InvalidRequest, code_of
-from zerocheck.api.request import TOKENS, Limits
+from zerocheck.api.errors import InternalError, InvalidRequest
 from zerocheck.api.sampler_path import DEGRADE_LOG_PROBS
 from zerocheck.generate.responses import Prepared
 from zerocheck.generate.sequence import Chunk, Sequence
-from zerocheck.generate.service import GenerateService
 from zerocheck.grammar import GUIDE_TYPE_INPUT
-from zerocheck.tokenizer import load_tokenizer
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 from zerocheck.trtllm.processor import ZeroCheckLogitsProcessor
 from zerocheck.wire.step import StepOutput
@@ -53,7 +48,6 @@ log = logging.getLogger("zerocheck.trtllm")
 SUPPORTED_TENSORRT_LLM = ((1, 0), (1, 3))
 SUPPORTED_TEXT = "1.0, 1.1 or 1.2 (>= 1.0, < 1.3)"
 CANCEL_POLL_S = 0.5  # how often a sequence waiting for the engine's next output asks whether it was cancelled
-ArraySender = Callable[[dict[str, np.ndarray] | None, bool], None]  # (arrays or None: no response, final flag)
 
 
 class UnsupportedTensorRTLLM(RuntimeError):
@@ -66,7 +60,7 @@ def check_tensorrt_llm_version(version: str) -> None:
     low, high = SUPPORTED_TENSORRT_LLM
     if found is None or not low <= (int(found[1]), int(found[2])) < high:
         raise UnsupportedTensorRTLLM(
-            f"the trtllm flavor's tensorrt_llm model speaks TensorRT-LLM {SUPPORTED_TEXT} (the LLM API on its "
+            f"generate's engine tensorrt_llm (the trtllm flavor) speaks TensorRT-LLM {SUPPORTED_TEXT} (the LLM API on its "
             f"PyTorch backend); found TensorRT-LLM {version!r}: install a supported version, or serve the default "
             f"model repository")
 
@@ -78,49 +72,39 @@ def installed_tensorrt_llm_version() -> str:
         return importlib.metadata.version("tensorrt_llm")
     except importlib.metadata.PackageNotFoundError:
         raise UnsupportedTensorRTLLM(
-            f"the trtllm flavor's tensorrt_llm model needs TensorRT-LLM {SUPPORTED_TEXT} (the tensorrt_llm "
+            f"generate's engine tensorrt_llm (the trtllm flavor) needs TensorRT-LLM {SUPPORTED_TEXT} (the tensorrt_llm "
             f"package), which is not installed: serve it in NVIDIA's Triton TensorRT-LLM container "
             f"(deploy/docker/Dockerfile, FLAVOR=trtllm), or serve the default model repository") from None
 
 
+def require_tensorrt_llm() -> None:
+    """Refuse (UnsupportedTensorRTLLM) a missing TensorRT-LLM or one outside SUPPORTED_TENSORRT_LLM; nothing is
+    imported."""
+    check_tensorrt_llm_version(installed_tensorrt_llm_version())
+
+
 @dataclass(frozen=True)
 class LlmApiParameters:
-    """The flavor's `tensorrt_llm` config parameters (see its config.pbtxt for each one's meaning)."""
+    """`generate`'s parameters for the tensorrt_llm engine (see the trtllm flavor's generate/config.pbtxt); the
+    engine's max_batch_size and max_seq_len are `generate`'s max_concurrent_sequences and context."""
 
-    max_context: int
-    max_prompt_tokens: int
-    max_output_tokens: int
-    engine_max_batch_size: int
-    max_queue_size: int
-    queue_timeout_s: float
     dtype: str
     kv_cache_free_gpu_memory_fraction: float
 
     def __post_init__(self) -> None:
-        for name in ("max_context", "max_prompt_tokens", "max_output_tokens", "engine_max_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"parameter {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_queue_size", "queue_timeout_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"parameter {name} must be >= 0, got {getattr(self, name)}")
         if self.dtype not in ("auto", "bfloat16", "float16"):
             raise ValueError(f"parameter dtype must be auto, bfloat16 or float16, got {self.dtype!r}")
         if not 0 < self.kv_cache_free_gpu_memory_fraction <= 1:
             raise ValueError(f"parameter kv_cache_free_gpu_memory_fraction must be in (0, 1], got "
                              f"{self.kv_cache_free_gpu_memory_fraction}")
 
-    def limits(self) -> Limits:
-        """The request limits: a prompt leaves room for one token, an answer fits the context."""
-        return Limits(max_prompt_tokens=min(self.max_prompt_tokens, self.max_context - 1),
-                      max_output_tokens=min(self.max_output_tokens, self.max_context), max_context=self.max_context)
 
-
-def llm_arguments(model_dir: Path, params: LlmApiParameters) -> dict[str, Any]:
+def llm_arguments(model_dir: Path, params: LlmApiParameters, max_batch_size: int, max_seq_len: int) -> dict[str, Any]:
     """The keyword arguments of `tensorrt_llm.LLM` (kv_cache_config as a dict of KvCacheConfig's fields): the
     Hugging Face directory the build wrote, the PyTorch backend, and the overlap scheduler off (with it on the
     engine calls processors before it appends the previous token: `zerocheck.trtllm.processor`)."""
     return {"model": str(model_dir), "backend": "pytorch", "disable_overlap_scheduler": True, "dtype": params.dtype,
-            "max_batch_size": params.engine_max_batch_size, "max_seq_len": params.max_context,
+            "max_batch_size": max_batch_size, "max_seq_len": max_seq_len,
             "kv_cache_config": {"free_gpu_memory_fraction": params.kv_cache_free_gpu_memory_fraction}}
 
 
@@ -229,96 +213,25 @@ def _deliver(seq: Sequence, emit: Callable[[Sequence, Chunk | None], None]) -> N
 
 
 def refuse_unserved(row: Prepared) -> None:
-    """What this model does not serve, refused by name (InvalidRequest)."""
+    """What the tensorrt_llm engine does not serve, refused by name (InvalidRequest)."""
     request = row.request
     if request.guide is not None:
-        raise InvalidRequest(f"{GUIDE_TYPE_INPUT}: the trtllm flavor's tensorrt_llm model serves no guides")
+        raise InvalidRequest(f"{GUIDE_TYPE_INPUT}: the tensorrt_llm engine (trtllm flavor) serves no guides")
     if row.degraded == DEGRADE_LOG_PROBS:
-        raise InvalidRequest("return_log_probs is not served by the trtllm flavor's tensorrt_llm model: the engine's "
+        raise InvalidRequest("return_log_probs is not served by the tensorrt_llm engine (trtllm flavor): the engine's "
                              "log-probabilities would be those of zerocheck's one-hot mask")
     if not request.zerocheck:
-        raise InvalidRequest("zerocheck off: the trtllm flavor's tensorrt_llm model draws with zerocheck's sampler "
+        raise InvalidRequest("zerocheck off: the tensorrt_llm engine (trtllm flavor) draws with zerocheck's sampler "
                              "only (the checked chain is not served there)")
 
 
-class Answers:
-    """The responses of one Triton request: a streamed chunk goes at once; a sequence's final response is held
-    until the next one, so the request's last response carries the final flag (a non-streamed request gets exactly
-    one response). `send(arrays, final)` sends one (arrays None: the final flag alone); `fail(error)` sends the
-    error as the final response."""
-
-    def __init__(self, send: ArraySender, fail: Callable[[BaseException], None]) -> None:
-        self._send, self._fail, self._pending = send, fail, None
-
-    def send(self, arrays: dict[str, np.ndarray], final: bool) -> None:
-        if self._pending is not None:
-            self._send(self._pending, False)
-            self._pending = None
-        if final:
-            self._pending = arrays
-        else:
-            self._send(arrays, False)
-
-    def close(self, error: BaseException | None = None) -> None:
-        """The final response: the held one, or `error`, or the final flag alone."""
-        if error is not None:
-            self._fail(error)
-        else:
-            self._send(self._pending, True)
-        self._pending = None
-
-
-class TokenModel:
-    """The flavor's `tensorrt_llm` model: `prepare` validates a request (its rows, refusals, a place in the
-    queue), `serve` runs it to its final response, `stop` ends an in-flight request by its id."""
-
-    def __init__(self, service: GenerateService, shutdown: Callable[[], None] = lambda: None) -> None:
-        self.service, self.shutdown = service, shutdown
-        self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it
-
-    def prepare(self, arrays: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> list[Prepared]:
-        """The request's rows, validated as the `generate` model validates its token interface (InvalidRequest),
-        then counted as queued (Overloaded when the engine's slots and the queue are full)."""
-        rows = self.service.prepare_batch(dict(arrays), {**parameters, "interface": TOKENS})
-        for row in rows:
-            refuse_unserved(row)
-        self.service.reserve(sum(row.request.num_return_sequences for row in rows))
-        return rows
-
-    def stop(self, request_id: str) -> None:
-        """A stop request (tensorrtllm_backend's `stop` input): the in-flight request with this id ends as if
-        cancelled; one that has ended stays ended."""
-        if not request_id:
-            raise InvalidRequest("stop: give the request id of the request to stop")
-        if request_id in self.stopped:
-            self.stopped[request_id] = True
-
-    async def serve(self, request_id: str, rows: list[Prepared], answers: Answers,
-                    client_cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Run a prepared request to its final response; every request ends with the final flag."""
-        if request_id:
-            self.stopped.setdefault(request_id, False)
-        try:
-            async with self.service.admission(sum(row.request.num_return_sequences for row in rows)):
-                await self.service.serve(rows, answers.send,
-                                         lambda: self.stopped.get(request_id, False) or client_cancelled())
-            answers.close()
-        except Exception as error:
-            if code_of(error) in (ErrorCode.INTERNAL, ErrorCode.UNAVAILABLE):
-                log.error("request %r failed: %s", request_id, error)
-            answers.close(error)
-        finally:
-            if request_id:
-                self.stopped.pop(request_id, None)
-
-
-def start_llm(model_dir: Path, params: LlmApiParameters) -> Any:
+def start_llm(model_dir: Path, params: LlmApiParameters, max_batch_size: int, max_seq_len: int) -> Any:
     """`tensorrt_llm.LLM` over the Hugging Face directory (`llm_arguments`), after the version check."""
-    check_tensorrt_llm_version(installed_tensorrt_llm_version())
+    require_tensorrt_llm()
     from tensorrt_llm import LLM
     from tensorrt_llm.llmapi import KvCacheConfig
 
-    arguments = llm_arguments(model_dir, params)
+    arguments = llm_arguments(model_dir, params, max_batch_size, max_seq_len)
     kv_cache = KvCacheConfig(**arguments.pop("kv_cache_config"))
     log.info("starting TensorRT-LLM %s: LLM(%s)", installed_tensorrt_llm_version(), arguments)
     return LLM(**arguments, kv_cache_config=kv_cache)
@@ -334,14 +247,9 @@ def llm_generate(llm: Any) -> GenerateCall:
     return generate
 
 
-def start_token_model(artifacts_dir: Path, params: LlmApiParameters) -> TokenModel:
-    """What the flavor's model.py builds at load: the version check first (nothing loads when it refuses), the
-    artifacts' tokenizer (validation, stop rules), the engine over their Hugging Face directory, the service
-    (admission: up to engine_max_batch_size sequences, then a queue of max_queue_size)."""
-    check_tensorrt_llm_version(installed_tensorrt_llm_version())
-    tokenizer = load_tokenizer(artifacts_dir)
-    llm = start_llm(Path(artifacts_dir) / MODEL_SUBDIR, params)
-    service = GenerateService(tokenizer, LlmApiScheduler(llm_generate(llm)), params.limits(),
-                              params.engine_max_batch_size, params.max_queue_size, params.queue_timeout_s)
-    return TokenModel(service, shutdown=llm.shutdown)
-
+def start_llm_scheduler(artifacts_dir: Path, params: LlmApiParameters, max_batch_size: int,
+                        max_seq_len: int) -> tuple[LlmApiScheduler, Callable[[], None]]:
+    """What `generate` builds at load for the tensorrt_llm engine: the engine over the artifacts' Hugging Face
+    directory (after the version check); returns the scheduler and the engine's shutdown."""
+    llm = start_llm(Path(artifacts_dir) / MODEL_SUBDIR, params, max_batch_size, max_seq_len)
+    return LlmApiScheduler(llm_generate(llm)), llm.shutdown
