@@ -61,3 +61,14 @@ def test_clients_api_and_wire_import_without_torch_or_the_server() -> None:
             "'zerocheck.triton') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+def test_generates_imports_load_no_torch() -> None:
+    """`generate` (one stub per server, on every door's path) imports its model.py's modules without torch: the
+    trtllm flavor's parameters and refusals come from zerocheck.trtllm.llm_api, whose processor loads on first use."""
+    code = ("import sys, zerocheck.generate.scheduler, zerocheck.generate.service, zerocheck.generate.metrics, "
+            "zerocheck.generate.relay, zerocheck.grammar, zerocheck.triton.config, zerocheck.triton.tensors, "
+            "zerocheck.triton.watchdog, zerocheck.tokenizer, zerocheck.trtllm.llm_api, zerocheck.wire.step; "
+            "print('torch' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"

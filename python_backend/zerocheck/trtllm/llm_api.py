@@ -38,7 +38,6 @@ from zerocheck.generate.responses import Prepared
 from zerocheck.generate.sequence import Chunk, Sequence
 from zerocheck.grammar import GUIDE_TYPE_INPUT
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
-from zerocheck.trtllm.processor import ZeroCheckLogitsProcessor
 from zerocheck.wire.step import StepOutput
 
 log = logging.getLogger("zerocheck.trtllm")
@@ -113,6 +112,8 @@ def sampling_arguments(seq: Sequence) -> dict[str, Any]:
     rules (temperature 0, and top_k 1 for `SamplingParams._greedy_decoding`), so the processor's one-hot mask
     decides; none of the engine's penalties, bad words, min_tokens or bias; no detokenization (ids out);
     max_tokens and end ids; the sequence's zerocheck sampling (seeded: seed + its index) in the processor."""
+    from zerocheck.trtllm.processor import ZeroCheckLogitsProcessor  # torch: loaded where the flavor draws
+
     end_ids = list(seq.end_ids)
     arguments: dict[str, Any] = {
         "max_tokens": seq.max_tokens, "temperature": 0.0, "top_k": 1, "detokenize": False,
