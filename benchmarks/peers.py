@@ -8,6 +8,7 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
                        weights on a CPU), the zero-check path, over gRPC (`zerocheck.clients`)
   zerocheck checked    the same server's checked chain (softmax, sort, cumulative sums, multinomial)
   zerocheck fp32       the exact path (`backend: openvino`, `dtype: fp32`)
+  zerocheck bf16       the packed bf16 torch path (`dtype: bf16`), where the CPU multiplies bf16 (AVX512-BF16, AMX)
   OpenVINO GenAI       `ContinuousBatchingPipeline` on the packaged GGUF (Q4_1), in-process, its own sampler
                        (paged KV cache, u8, dynamic split-fuse, prefix caching)
   llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
@@ -16,7 +17,8 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
 Per stream count: tokens/s (all streams' tokens / wall time from sending to the last token), TTFT and TPOT
 p50/p95 over the streams, and the peak PSS of all the system's processes (server and stubs; in-process
 systems: this benchmark's process). Prints the table and the ratios to OpenVINO GenAI, writes
-benchmarks/results/peers.json (with the command, CPU and commit) and peers.png.
+benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit) and its plot peers-<CPU kind>.png, one
+pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512, avx512-bf16).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from machine import commit, cpu
+from zerocheck.bench.machine import cpu_kind
 from zerocheck import paths
 from zerocheck.build.sources import SMOLLM2
 
@@ -258,6 +261,7 @@ SYSTEMS = {
     "zerocheck": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None),
     "zerocheck checked": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None, zerocheck=False),
     "zerocheck fp32": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"backend": "openvino", "dtype": "fp32"}),
+    "zerocheck bf16": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"dtype": "bf16"}),
     "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens),
     "llama.cpp": lambda a: llama_server_rates(a.llama_server, a.streams, a.tokens),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens),
@@ -302,6 +306,9 @@ def main() -> int:
         if system == "llama.cpp" and args.llama_server is None:
             results[system] = {"error": "not measured: no --llama-server binary"}
             continue
+        if system == "zerocheck bf16" and cpu_kind(cpu()["flags"]) != "avx512-bf16":
+            results[system] = {"error": "not measured: the CPU does not multiply bf16"}
+            continue
         print(f"measuring {system} ...", flush=True)
         results[system] = measure(system, args)
     width = max(len(system) for system in results) + 2
@@ -329,12 +336,13 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["benchmarks/peers.py", *sys.argv[1:]])
     machine = cpu()
-    (args.out / "peers.json").write_text(json.dumps(
+    name = f"peers-{cpu_kind(machine['flags'])}"
+    (args.out / f"{name}.json").write_text(json.dumps(
         {"command": command, "cpu": machine, "commit": commit(), "tokens": args.tokens, "streams": args.streams,
          "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")
-    chart(results, args.streams, args.out / "peers.png",
+    chart(results, args.streams, args.out / f"{name}.png",
           f"SmolLM2-135M-Instruct, {machine['model']}, {machine['cores']} cores ({machine['flags']})")
-    print(f"wrote {args.out / 'peers.json'} and {args.out / 'peers.png'}")
+    print(f"wrote {args.out / name}.json and {args.out / name}.png")
     return 0
 
 

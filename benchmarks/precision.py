@@ -6,7 +6,8 @@ one-row steps) against fp32 on the served model: greedy top-1 agreement over 20 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
 first position where each prompt's free-running greedy text leaves fp32's, and the largest logit gap;
-writes benchmarks/results/precision.json. The bar we hold a default dtype to: >= 98 % of positions agree.
+writes benchmarks/results/precision-<CPU kind>.json (`zerocheck.bench.machine.cpu_kind`: the reduced-precision
+kernels, and OpenVINO's inference precision, differ by kind of CPU). The bar we hold a default dtype to: >= 98 % of positions agree.
 Variant `genai` is OpenVINO GenAI's LLMPipeline on the packaged GGUF, run greedily from the same prompt ids:
 its API hands out no logits, so it has the free-running figures only.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from machine import commit, cpu
+from zerocheck.bench.machine import cpu_kind
 from zerocheck import paths
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.engine import variant_options
@@ -122,7 +124,8 @@ def main() -> None:
                                  "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
                              "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "precision.json")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "benchmarks" / "results" / f"precision-{cpu_kind(cpu()['flags'])}.json")
     args = parser.parse_args()
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
     all_prompts = prompts(args.artifacts)

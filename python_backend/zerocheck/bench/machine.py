@@ -16,4 +16,13 @@ def cpu() -> dict[str, str]:
             "cores": str(len(re.findall(r"^processor", info, re.M)) or os.cpu_count())}
 
 
-__all__ = ["cpu"]
+def cpu_kind(flags: str) -> str:
+    """The kind of x86-64 CPU that picks the decoder's kernels, from `cpu()["flags"]`: avx512-bf16 (it multiplies
+    bfloat16: AVX512-BF16 or AMX), avx512 (AVX-512 without bf16), or avx2."""
+    found = set(flags.split())
+    if found & {"avx512_bf16", "amx_bf16"}:
+        return "avx512-bf16"
+    return "avx512" if "avx512f" in found else "avx2"
+
+
+__all__ = ["cpu", "cpu_kind"]
