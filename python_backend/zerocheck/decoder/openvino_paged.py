@@ -122,10 +122,10 @@ class PagedOpenVINO:
 def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, max_slots: int, max_seq_len: int,
                         num_threads: int | None) -> PagedOpenVINO:
     """Build the paged model of the checkpoint in `model_dir` with `weights` (`openvino_graph.WEIGHTS`) and
-    compile it for the CPU. fp32 is exact: fp32 inference and an f32 KV cache. int8 / int4 run as OpenVINO
-    GenAI runs on a CPU: the plugin's default inference precision for the CPU (bf16 where it has AMX or
-    AVX512-BF16, else f32), activations quantized per group of 32 for the compressed matrix multiplies, and a
-    u8 KV cache."""
+    compile it for the CPU. fp32 is exact: fp32 inference and an f32 KV cache. int8 / int4: f32 inference on
+    every CPU (the plugin's default is bf16 where the CPU has AMX or AVX512-BF16, which lost 0.9 points of greedy
+    agreement with fp32 there at no measured speed: benchmarks/precision.py, benchmarks/decoder.py), activations
+    quantized per group of 32 for the compressed matrix multiplies, and a u8 KV cache."""
     from safetensors.numpy import load_file
 
     from zerocheck.decoder.openvino_graph import build_paged_model
@@ -134,9 +134,9 @@ def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, ma
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         state.update({name.removeprefix("model."): tensor.astype(np.float32, copy=False)
                       for name, tensor in load_file(str(path)).items()})
-    properties: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+    properties: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
     if weights == "fp32":
-        properties |= {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+        properties["KV_CACHE_PRECISION"] = "f32"
     else:
         properties |= {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
     if num_threads:
