@@ -398,12 +398,11 @@ def flavored_repository(root: Path) -> Path:
     return repository
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="tensorrt_llm is installed here")
-def test_the_flavors_load_stops_naming_the_missing_tensorrt_llm(tmp_path: Path) -> None:
-    """The flavor's generate (the default model.py with the flavor's config) imported under a stand-in pb_utils (as
-    tests/test_openmp.py does): initialize raises naming the missing package before it reads any artifact."""
+def generate_load_error(config: ModelConfig, artifacts: Path) -> str:
+    """generate's model.py imported under a stand-in pb_utils (as tests/test_openmp.py does) and initialized with
+    `config`'s parameters: the error its load stops with, as "ClassName message"."""
     args = {"model_config": json.dumps({"name": "generate", "parameters": {
-        key: {"string_value": value} for key, value in flavor_model_config().parameters.items()}})}
+        key: {"string_value": value} for key, value in config.parameters.items()}})}
     code = f"""
 import importlib.util, json, sys, types
 pb_utils = sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
@@ -420,10 +419,24 @@ except Exception as error:
 model.finalize()
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**os.environ, "ZEROCHECK_ARTIFACTS": str(tmp_path / "none")})
+                            env={**os.environ, "ZEROCHECK_ARTIFACTS": str(artifacts)})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("UnsupportedTensorRTLLM generate's engine tensorrt_llm (the trtllm flavor) needs")
-    assert "which is not installed" in result.stdout
+    return result.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="tensorrt_llm is installed here")
+def test_the_flavors_load_stops_naming_the_missing_tensorrt_llm(tmp_path: Path) -> None:
+    """The flavor's generate (the default model.py with the flavor's config): the load stops naming the missing
+    package before it reads any artifact."""
+    error = generate_load_error(flavor_model_config(), tmp_path / "none")
+    assert error.startswith("UnsupportedTensorRTLLM generate's engine tensorrt_llm (the trtllm flavor) needs")
+    assert "which is not installed" in error
+
+
+def test_the_default_generate_refuses_the_engines_parameters(tmp_path: Path) -> None:
+    """The tensorrt_llm engine's parameters are known to generate's config only with that engine."""
+    error = generate_load_error(default_model_config("generate", dtype="bfloat16"), tmp_path / "none")
+    assert error.startswith("ConfigError model generate: unknown parameter(s) dtype")
 
 
 @pytest.fixture(scope="module")

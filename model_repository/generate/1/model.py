@@ -115,8 +115,10 @@ class TritonPythonModel:
     def initialize(self, args):
         self.with_parameters = response_parameters_supported()
         config = ModelConfig(args)
-        params = parameters(GenerateParameters, config, shared_with=(LlmApiParameters,))
-        if params.engine == TENSORRT_LLM_ENGINE:
+        # the tensorrt_llm engine's own parameters sit in the same config; the zerocheck engine's config has none
+        on_llm_api = config.parameters.get("engine") == TENSORRT_LLM_ENGINE
+        params = parameters(GenerateParameters, config, shared_with=(LlmApiParameters,) if on_llm_api else ())
+        if on_llm_api:
             require_tensorrt_llm()  # before anything loads
         tokenizer = load_tokenizer(config.artifacts_dir())
         context = min(params.max_context, built_max_seq_len(config.artifacts_dir()))
@@ -124,14 +126,11 @@ class TritonPythonModel:
                         max_output_tokens=min(params.max_output_tokens, context), max_context=context)
         self.metrics = GenerateMetrics(pb_utils)
         self.shutdown = lambda: None
-        if params.engine == TENSORRT_LLM_ENGINE:  # the trtllm flavor: TensorRT-LLM's LLM API runs the sequences
+        if on_llm_api:  # the trtllm flavor: TensorRT-LLM's LLM API runs the sequences
             engine_params = parameters(LlmApiParameters, config, shared_with=(GenerateParameters,))
-            scheduler, self.shutdown = start_llm_scheduler(config.artifacts_dir(), engine_params,
-                                                           params.max_concurrent_sequences, context)
-            self.service = GenerateService(tokenizer, scheduler, limits, params.max_concurrent_sequences,
-                                           params.max_queue_size, params.queue_timeout_s,
-                                           on_queue_wait=self.metrics.queue_wait.observe,
-                                           refuse_unserved=refuse_unserved)
+            max_active = params.max_concurrent_sequences
+            scheduler, self.shutdown = start_llm_scheduler(config.artifacts_dir(), engine_params, max_active, context)
+            engine_rules = {"refuse_unserved": refuse_unserved}
         else:
             scheduler = StepScheduler(bls_step, bls_release, max_batch=params.max_step_batch,
                                       prefill_tokens=params.prefill_tokens_per_step,
@@ -140,9 +139,10 @@ class TritonPythonModel:
                                       decode_steps_max_rows=params.decode_steps_max_rows)
             # every KV-cache slot by default: the decoder's refuses a sequence only when all are taken
             max_active = params.max_concurrent_sequences or int(config.sibling_parameter("decoder", "max_slots"))
-            self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
-                                           params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe,
-                                           grammars=GrammarCompiler.for_tokenizer(tokenizer))
+            engine_rules = {"grammars": GrammarCompiler.for_tokenizer(tokenizer)}
+        self.service = GenerateService(tokenizer, scheduler, limits, max_active, params.max_queue_size,
+                                       params.queue_timeout_s, on_queue_wait=self.metrics.queue_wait.observe,
+                                       **engine_rules)
         self.test_delay_s = params.test_delay_ms / 1000.0
         self.stopped: dict[str, bool] = {}  # request id -> a stop request came for it (a door forwards its own)
         self.relays: dict[str, Relay] = {}  # a door's relayed requests, by request id
