@@ -301,12 +301,14 @@ def main() -> int:
     if args.measure:
         print(json.dumps(SYSTEMS[args.measure](args)))
         return 0
+    machine = cpu()
+    kind = cpu_kind(machine["flags"])
     results = {}
     for system in args.systems:
         if system == "llama.cpp" and args.llama_server is None:
             results[system] = {"error": "not measured: no --llama-server binary"}
             continue
-        if system == "zerocheck bf16" and cpu_kind(cpu()["flags"]) != "avx512-bf16":
+        if system == "zerocheck bf16" and kind != "avx512-bf16":
             results[system] = {"error": "not measured: the CPU does not multiply bf16"}
             continue
         print(f"measuring {system} ...", flush=True)
@@ -335,8 +337,7 @@ def main() -> int:
         print(f"{name}: {ratio:.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["benchmarks/peers.py", *sys.argv[1:]])
-    machine = cpu()
-    name = f"peers-{cpu_kind(machine['flags'])}"
+    name = f"peers-{kind}"
     (args.out / f"{name}.json").write_text(json.dumps(
         {"command": command, "cpu": machine, "commit": commit(), "tokens": args.tokens, "streams": args.streams,
          "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")

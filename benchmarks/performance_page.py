@@ -1,5 +1,6 @@
 """docs/performance.md from the benchmarks' JSON: the peers table and plot, the precision table, one door
-against mixed doors, the step breakdown, structured output; every figure with the command that measured it, the CPU and the commit.
+against mixed doors, the step breakdown, structured output; every figure with the command that measured it, the
+CPU and the commit.
 
     python benchmarks/performance_page.py [--results benchmarks/results] [--out docs/performance.md]
 
@@ -49,11 +50,15 @@ def machine(data: dict) -> str:
             f"({cpu.get('flags', '?')}), commit {data.get('commit', '?')}")
 
 
+def kind_title(data: dict) -> str:
+    """The kind of CPU a result was measured on, in words (its sections are one per kind)."""
+    return KIND_TITLES[cpu_kind(data.get("cpu", {}).get("flags", ""))]
+
+
 def peers_section(data: dict, plot: str | None) -> list[str]:
     streams = data["streams"]
-    kind = cpu_kind(data.get("cpu", {}).get("flags", ""))
-    lines = [f"## Against the peers: {KIND_TITLES[kind]}", "", machine(data) + f"; {data['tokens']} tokens a stream, sampling "
-             f"{data['sampling']}.", "",
+    lines = [f"## Against the peers: {kind_title(data)}", "",
+             machine(data) + f"; {data['tokens']} tokens a stream, sampling {data['sampling']}.", "",
              "| system | " + " | ".join(f"{n} streams: tok/s, TTFT p50 / p95 s, TPOT p50 / p95 ms, peak PSS MiB"
                                         for n in streams) + " |",
              "|---|" + "---|" * len(streams)]
@@ -79,9 +84,9 @@ def peers_section(data: dict, plot: str | None) -> list[str]:
 
 
 def precision_section(data: dict) -> list[str]:
-    kind = cpu_kind(data.get("cpu", {}).get("flags", ""))
-    lines = [f"## Precision: {KIND_TITLES[kind]}", "", "`python benchmarks/precision.py`: each variant fed the fp32 torch decoder's greedy "
-             "tokens (teacher forcing) over 20 prompts x 64 tokens; top-1 agreement with fp32 at every position."]
+    lines = [f"## Precision: {kind_title(data)}", "", "`python benchmarks/precision.py`: each variant fed the fp32 "
+             "torch decoder's greedy tokens (teacher forcing) over 20 prompts x 64 tokens; top-1 agreement with fp32 "
+             "at every position."]
     if "cpu" in data:
         lines += ["", machine(data) + "."]
     lines += ["", "| variant | top-1 agreement | free-running greedy identical | free-running: median position of "

@@ -7,7 +7,7 @@ The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed t
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
 first position where each prompt's free-running greedy text leaves fp32's, and the largest logit gap;
 writes benchmarks/results/precision-<CPU kind>.json (`zerocheck.bench.machine.cpu_kind`: the reduced-precision
-kernels, and OpenVINO's inference precision, differ by kind of CPU). The bar we hold a default dtype to: >= 98 % of positions agree.
+kernels differ by kind of CPU). The bar we hold a default dtype to: >= 98 % of positions agree.
 Variant `genai` is OpenVINO GenAI's LLMPipeline on the packaged GGUF, run greedily from the same prompt ids:
 its API hands out no logits, so it has the free-running figures only.
 """

@@ -107,7 +107,7 @@ class StepScheduler:
                 if stepping is not None:
                     await asyncio.sleep(0)  # the step task runs to its model call before the sends below
                 for entry in active:  # while the step runs
-                    self._deliver(entry)
+                    deliver(entry.seq, entry.emit)
                 self._resolve(ended)
                 active = running
                 if stepping is None:
@@ -171,21 +171,6 @@ class StepScheduler:
         return [outcome for batch, result in zip(batches, results)
                 for outcome in (result if not isinstance(result, BaseException) else [result] * len(batch))]
 
-    @staticmethod
-    def _deliver(entry: _Entry) -> None:
-        """Stream the chunk due, and the end of a sequence that ended well; a send that fails fails
-        the sequence."""
-        seq = entry.seq
-        if seq.error is not None:
-            return
-        try:
-            while (chunk := seq.take_chunk()) is not None:  # several after a multi-step call
-                entry.emit(seq, chunk)
-            if seq.done and seq.error is None:
-                entry.emit(seq, None)
-        except Exception as error:
-            seq.fail(error)
-
     def _end(self, ended: list[_Entry]) -> None:
         """Free the KV slots the ended sequences may hold (in the background) and resolve them."""
         self._release_slots(ended)
@@ -215,3 +200,17 @@ class StepScheduler:
         for seq in sequences:
             if seq.cancelled_at:
                 self.on_cancel_freed(now - seq.cancelled_at)
+
+
+def deliver(seq: Sequence, emit: Emit) -> None:
+    """Stream the chunks due (several after a multi-token output), and the end of a sequence that ended well;
+    a send that fails fails the sequence. Also what `zerocheck.trtllm.llm_api.LlmApiScheduler` delivers with."""
+    if seq.error is not None:
+        return
+    try:
+        while (chunk := seq.take_chunk()) is not None:
+            emit(seq, chunk)
+        if seq.done and seq.error is None:
+            emit(seq, None)
+    except Exception as error:
+        seq.fail(error)

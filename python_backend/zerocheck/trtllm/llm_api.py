@@ -17,8 +17,8 @@ Not served on this engine, refused by name (`refuse_unserved`): the checked path
 `zerocheck: off`), log-probabilities (the engine's would be those of the processor's one-hot mask) and guides
 (zerocheck's grammars live in its decoder).
 
-`require_tensorrt_llm` refuses a missing TensorRT-LLM or one outside SUPPORTED_TENSORRT_LLM before anything imports it;
-`start_llm_scheduler` is what `generate` builds at load. Only `start_llm` and `llm_generate` import tensorrt_llm;
+`require_tensorrt_llm` refuses a missing TensorRT-LLM or one outside SUPPORTED_TENSORRT_LLM before anything imports
+it; `start_llm_scheduler` is what `generate` builds at load. Only `start_llm` and `llm_generate` import tensorrt_llm;
 the rest runs (and is tested) without it.
 """
 from __future__ import annotations
@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from zerocheck.api.errors import InternalError, InvalidRequest
+from zerocheck.api.guide import GUIDE_TYPE_INPUT
 from zerocheck.api.sampler_path import DEGRADE_LOG_PROBS
 from zerocheck.generate.responses import Prepared
-from zerocheck.generate.sequence import Chunk, Sequence
-from zerocheck.grammar import GUIDE_TYPE_INPUT
+from zerocheck.generate.scheduler import Emit, deliver
+from zerocheck.generate.sequence import Sequence
 from zerocheck.tokenizer.text_tokenizer import MODEL_SUBDIR
 from zerocheck.wire.step import StepOutput
 
@@ -59,9 +60,9 @@ def check_tensorrt_llm_version(version: str) -> None:
     low, high = SUPPORTED_TENSORRT_LLM
     if found is None or not low <= (int(found[1]), int(found[2])) < high:
         raise UnsupportedTensorRTLLM(
-            f"generate's engine tensorrt_llm (the trtllm flavor) speaks TensorRT-LLM {SUPPORTED_TEXT} (the LLM API on its "
-            f"PyTorch backend); found TensorRT-LLM {version!r}: install a supported version, or serve the default "
-            f"model repository")
+            f"generate's engine tensorrt_llm (the trtllm flavor) speaks TensorRT-LLM {SUPPORTED_TEXT} (the LLM API on "
+            f"its PyTorch backend); found TensorRT-LLM {version!r}: install a supported version, or serve the "
+            f"default model repository")
 
 
 def installed_tensorrt_llm_version() -> str:
@@ -71,15 +72,17 @@ def installed_tensorrt_llm_version() -> str:
         return importlib.metadata.version("tensorrt_llm")
     except importlib.metadata.PackageNotFoundError:
         raise UnsupportedTensorRTLLM(
-            f"generate's engine tensorrt_llm (the trtllm flavor) needs TensorRT-LLM {SUPPORTED_TEXT} (the tensorrt_llm "
-            f"package), which is not installed: serve it in NVIDIA's Triton TensorRT-LLM container "
+            f"generate's engine tensorrt_llm (the trtllm flavor) needs TensorRT-LLM {SUPPORTED_TEXT} (the "
+            f"tensorrt_llm package), which is not installed: serve it in NVIDIA's Triton TensorRT-LLM container "
             f"(deploy/docker/Dockerfile, FLAVOR=trtllm), or serve the default model repository") from None
 
 
-def require_tensorrt_llm() -> None:
-    """Refuse (UnsupportedTensorRTLLM) a missing TensorRT-LLM or one outside SUPPORTED_TENSORRT_LLM; nothing is
-    imported."""
-    check_tensorrt_llm_version(installed_tensorrt_llm_version())
+def require_tensorrt_llm() -> str:
+    """The installed TensorRT-LLM's version; UnsupportedTensorRTLLM when it is missing or outside
+    SUPPORTED_TENSORRT_LLM. Nothing is imported."""
+    version = installed_tensorrt_llm_version()
+    check_tensorrt_llm_version(version)
+    return version
 
 
 @dataclass(frozen=True)
@@ -141,12 +144,12 @@ class LlmApiScheduler:
     def __init__(self, generate: GenerateCall, cancel_poll_s: float = CANCEL_POLL_S) -> None:
         self._generate, self.cancel_poll_s = generate, cancel_poll_s
 
-    async def run(self, sequences: list[Sequence], emit: Callable[[Sequence, Chunk | None], None]) -> None:
+    async def run(self, sequences: list[Sequence], emit: Emit) -> None:
         """Generate `sequences` to their end; `emit` gets each streamed chunk and each good end (a failed
         sequence ends with `seq.error` set and no end emitted)."""
         await asyncio.gather(*(self._drive(seq, emit) for seq in sequences))
 
-    async def _drive(self, seq: Sequence, emit: Callable[[Sequence, Chunk | None], None]) -> None:
+    async def _drive(self, seq: Sequence, emit: Emit) -> None:
         seq.first_scheduled_ns = time.time_ns()
         try:
             result = self._generate(list(seq.prompt_ids), sampling_arguments(seq))
@@ -167,11 +170,9 @@ class LlmApiScheduler:
                 consume.cancel()
             if not getattr(result, "finished", False):
                 result.abort()  # ended here first (stop word, cancellation, failure): the engine stops too
-        _deliver(seq, emit)
-        if seq.done and seq.error is None:
-            _emit(seq, emit, None)
+        deliver(seq, emit)  # what is left to stream, and the end of a sequence that ended well
 
-    async def _consume(self, seq: Sequence, result: Any, emit: Callable[[Sequence, Chunk | None], None]) -> None:
+    async def _consume(self, seq: Sequence, result: Any, emit: Emit) -> None:
         seen = 0
         async for output in result:
             if seq.done:
@@ -182,9 +183,9 @@ class LlmApiScheduler:
                 seq.accept(StepOutput(new[0], more=tuple(new[1:])))
             if output.finished and not seq.done:
                 _engine_ended(seq, output.outputs[0].finish_reason)
-            _deliver(seq, emit)
             if seq.done:
-                return
+                return  # _drive delivers the rest with the end
+            deliver(seq, emit)
         if not seq.done:
             seq.fail(InternalError(f"TensorRT-LLM's output stream ended after {len(seq.ids)} tokens without "
                                    f"finishing the request"))
@@ -198,19 +199,6 @@ def _engine_ended(seq: Sequence, reason: str | None) -> None:
     else:
         seq.fail(InternalError(f"TensorRT-LLM ended the request ({reason}) after {len(seq.ids)} of "
                                f"{seq.max_tokens} tokens"))
-
-
-def _emit(seq: Sequence, emit: Callable[[Sequence, Chunk | None], None], chunk: Chunk | None) -> None:
-    try:
-        emit(seq, chunk)
-    except Exception as error:  # a response that could not be sent fails its sequence
-        seq.fail(error)
-
-
-def _deliver(seq: Sequence, emit: Callable[[Sequence, Chunk | None], None]) -> None:
-    """Stream the chunks due (several after an output of several tokens)."""
-    while seq.error is None and (chunk := seq.take_chunk()) is not None:
-        _emit(seq, emit, chunk)
 
 
 def refuse_unserved(row: Prepared) -> None:
@@ -228,13 +216,13 @@ def refuse_unserved(row: Prepared) -> None:
 
 def start_llm(model_dir: Path, params: LlmApiParameters, max_batch_size: int, max_seq_len: int) -> Any:
     """`tensorrt_llm.LLM` over the Hugging Face directory (`llm_arguments`), after the version check."""
-    require_tensorrt_llm()
+    version = require_tensorrt_llm()
     from tensorrt_llm import LLM
     from tensorrt_llm.llmapi import KvCacheConfig
 
     arguments = llm_arguments(model_dir, params, max_batch_size, max_seq_len)
     kv_cache = KvCacheConfig(**arguments.pop("kv_cache_config"))
-    log.info("starting TensorRT-LLM %s: LLM(%s)", installed_tensorrt_llm_version(), arguments)
+    log.info("starting TensorRT-LLM %s: LLM(%s)", version, arguments)
     return LLM(**arguments, kv_cache_config=kv_cache)
 
 
