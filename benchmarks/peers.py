@@ -4,9 +4,10 @@
 
 One closed-loop load for every system: at each stream count, that many distinct chat prompts at once, each
 generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k 50, top-p 0.9:
-  zerocheck            the shipped repository (decoder backend and dtype chosen at load: openvino with int8
-                       weights on a CPU), the zero-check path, over gRPC (`zerocheck.clients`)
-  zerocheck checked    the same server's checked chain (softmax, sort, cumulative sums, multinomial)
+  zerocheck            the shipped repository served with its OpenAI front end (`zerocheck serve`; decoder backend
+                       and dtype chosen at load: openvino with int8 weights on a CPU), the zero-check path
+  zerocheck checked    the same server's checked chain (softmax, sort, cumulative sums, multinomial): header
+                       `zerocheck: off`
   zerocheck fp32       the exact path (`backend: openvino`, `dtype: fp32`)
   zerocheck bf16       the packed bf16 torch path (`dtype: bf16`), where the CPU multiplies bf16 (AVX512-BF16, AMX)
   OpenVINO GenAI       `ContinuousBatchingPipeline` on the packaged GGUF (Q4_1), in-process, its own sampler
@@ -14,9 +15,11 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
   llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
                        --llama-server names a binary (built from the llama-cpp-python sdist)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
-Per stream count: tokens/s (all streams' tokens / wall time from sending to the last token), TTFT and TPOT
-p50/p95 over the streams, and the peak PSS of all the system's processes (server and stubs; in-process
-systems: this benchmark's process). Prints the table and the ratios to OpenVINO GenAI, writes
+The served systems (zerocheck, llama.cpp) get the same client: the OpenAI SDK's streamed chat completions, a thread
+per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall time from sending to the last
+token), TTFT and TPOT p50/p95 over the streams, and the peak PSS of all the system's processes (server, stubs and
+front end; in-process systems: this benchmark's process), sampled every 2 s (reading the PSS of a server's ~20
+processes takes ~50 ms of CPU, which would otherwise compete with the measured server). Prints the table and the ratios to OpenVINO GenAI, writes
 benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit) and its plot peers-<CPU kind>.png, one
 pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512, avx512-bf16).
 """
@@ -53,19 +56,24 @@ def question(i: int) -> str:
     return f"{QUESTIONS[i % len(QUESTIONS)]} (Request {i}.)"
 
 
-class PeakPSS:
-    """The peak, sampled twice a second, of the summed PSS of process `pid` and its descendants (MiB)."""
+PSS_INTERVAL_S = 2.0
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak_mib, self._stop = pid, 0.0, threading.Event()
+
+class PeakPSS:
+    """The peak, sampled every PSS_INTERVAL_S, of the summed PSS of processes `pids` and their descendants (MiB)."""
+
+    def __init__(self, *pids: int) -> None:
+        self.pids, self.peak_mib, self._stop = pids, 0.0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> float:
-        try:
-            root = psutil.Process(self.pid)
-            processes = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0.0
+        processes = []
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                processes += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
         total = 0
         for process in processes:
             try:
@@ -75,7 +83,7 @@ class PeakPSS:
         return total / 2**20
 
     def _run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(PSS_INTERVAL_S):
             self.peak_mib = max(self.peak_mib, self._sample())
 
     def __enter__(self) -> "PeakPSS":
@@ -98,12 +106,12 @@ def summary(n: int, tokens: int, wall_s: float, ttfts: list[float], tpots: list[
             "tpot_p50_ms": 1000 * pct(tpots, 0.5), "tpot_p95_ms": 1000 * pct(tpots, 0.95), "peak_pss_mib": pss_mib}
 
 
-def closed_loop(one: Callable[[int], tuple[float, float]], streams: list[int], tokens: int, pid: int) -> dict:
+def closed_loop(one: Callable[[int], tuple[float, float]], streams: list[int], tokens: int, *pids: int) -> dict:
     """Each stream count in turn (the smallest first once more: the first run warms the server up): `n` threads
-    call `one(i)` -> (TTFT s, TPOT s) once each; the rates by stream count, with the peak PSS of `pid`'s tree."""
+    call `one(i)` -> (TTFT s, TPOT s) once each; the rates by stream count, with the peak PSS of `pids`' trees."""
     rates = {}
     for n in [min(streams), *streams]:
-        with PeakPSS(pid) as memory:
+        with PeakPSS(*pids) as memory:
             began = time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
                 timings = list(pool.map(one, range(n)))
@@ -112,22 +120,43 @@ def closed_loop(one: Callable[[int], tuple[float, float]], streams: list[int], t
     return rates
 
 
+def openai_stream(base_url: str, model: str, tokens: int,
+                  headers: dict[str, str] | None = None) -> Callable[[int], tuple[float, float]]:
+    """One stream of a served system: a streamed chat completion of `tokens` tokens through the OpenAI SDK ->
+    (TTFT s, TPOT s)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=900.0, default_headers=headers)
+
+    def one(i: int) -> tuple[float, float]:
+        began = time.perf_counter()
+        first = None
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question(i)}], max_tokens=tokens, stream=True,
+            temperature=SAMPLING["temperature"], top_p=SAMPLING["top_p"], seed=i,
+            extra_body={"top_k": SAMPLING["top_k"], "ignore_eos": True})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or time.perf_counter()
+        end = time.perf_counter()
+        first = first or end
+        return first - began, (end - first) / max(1, tokens - 1)
+
+    return one
+
+
 def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: dict[str, str] | None,
                     zerocheck: bool = True) -> dict:
+    from zerocheck.api.headers import SWITCH_HEADER
     from zerocheck.bench.e2e import sized_repository
-    from zerocheck.clients import Client
-    from zerocheck.serve import TritonServer
+    from zerocheck.serve.stack import ServingStack
 
     repository = sized_repository(max(streams), decoder)
     try:
-        with TritonServer(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts)}) as server:
-            def one(i: int) -> tuple[float, float]:
-                client = Client(server.grpc_url, timeout=900.0)
-                result = client.chat([{"role": "user", "content": question(i)}], seed=i, max_tokens=tokens,
-                                     min_tokens=tokens, zerocheck=zerocheck, **SAMPLING)
-                return result.ttft_s, (result.latency_s - result.ttft_s) / max(1, result.completion_tokens - 1)
-
-            return closed_loop(one, streams, tokens, server.pid)
+        with ServingStack(repository, env={"ZEROCHECK_ARTIFACTS": str(artifacts)}) as server:
+            one = openai_stream(server.openai_url, server.frontend_served_model, tokens,
+                                {SWITCH_HEADER: "on" if zerocheck else "off"})
+            return closed_loop(one, streams, tokens, server.pid, server.frontend_pid)
     finally:
         shutil.rmtree(repository.parent, ignore_errors=True)
 
@@ -198,20 +227,7 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
                     raise RuntimeError("llama-server did not start")
                 time.sleep(0.5)
 
-        def one(i: int) -> tuple[float, float]:
-            began = time.perf_counter()
-            first = None
-            stream = client.chat.completions.create(
-                model="gguf", messages=[{"role": "user", "content": question(i)}], max_tokens=tokens, stream=True,
-                temperature=SAMPLING["temperature"], top_p=SAMPLING["top_p"], seed=i,
-                extra_body={"top_k": SAMPLING["top_k"], "ignore_eos": True})
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    first = first or time.perf_counter()
-            end = time.perf_counter()
-            first = first or end
-            return first - began, (end - first) / max(1, tokens - 1)
-
+        one = openai_stream(f"http://127.0.0.1:{port}/v1", "gguf", tokens)
         return closed_loop(one, streams, tokens, server.pid)
     finally:
         server.terminate()

@@ -54,6 +54,24 @@ def test_compressed_weights_follow_fp32(artifacts: Path, dtype: str) -> None:
         assert float((compressed.logits - exact.logits).abs().max()) < (0.1 if dtype == "int8" else 0.25) * scale
 
 
+def test_int4_single_row_runs_one_row_steps_on_int4_weights_over_the_same_cache(artifacts: Path) -> None:
+    """int8 with int4_single_row: a step of one row and one token runs the int4 model, any other step the int8 one,
+    both over the one set of cache blocks."""
+    mixed = load_decoder(artifacts, backend="openvino", max_slots=4, dtype="int8", int4_single_row=True)
+    int8, int4 = (load_decoder(artifacts, backend="openvino", max_slots=4, dtype=kind) for kind in ("int8", "int4"))
+    assert mixed._step_fn.single_row is not None and int8._step_fn.single_row is None
+    lone = [[StepRequest("a", [5], True, False)], *([StepRequest("a", [t], False, False)] for t in (9, 2, 40, 7))]
+    for requests in lone:  # a one-token prompt, then decode: every step is one row and one token
+        torch.testing.assert_close(mixed.step(requests).logits, int4.step(requests).logits, atol=0, rtol=0)
+    batched = [[StepRequest("b", [1, 2, 3], True, False), StepRequest("c", [4], True, False)],
+               [StepRequest("b", [6], False, False), StepRequest("c", [8], False, False)]]
+    for requests in batched:
+        torch.testing.assert_close(mixed.step(requests).logits, int8.step(requests).logits, atol=0, rtol=0)
+    # one row after the int8 steps: the int4 model reads the blocks the int8 model wrote
+    step = mixed.step([StepRequest("b", [11], False, True)])
+    assert step.errors == [None] and bool(torch.isfinite(step.logits).all())
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_a_reused_prefix_gives_what_its_own_prefill_gives(artifacts: Path, dtype: str) -> None:
     """Prefix reuse copies cache blocks, the last one partly used (blocks of 32 positions, a 45-token opening)."""

@@ -347,9 +347,10 @@ def load_decoder(
     and the logits live on that device.
 
     max_seq_len defaults to the build's --max-seq-len (manifest.json), else the model config's
-    max_position_embeddings. int4_single_row: on the packed bf16 CPU path, steps of one row and one token use
-    int4 copies of the layers' weights (`PackedTransformer`), and with int8_lm_head_single_row an int8 copy of
-    lm_head's (`int8_kernel`, needs numba); elsewhere they are not used (printed). Prints the
+    max_position_embeddings. int4_single_row: steps of one row and one token use int4 copies of the layers'
+    weights: on the packed bf16 CPU path (`PackedTransformer`; with int8_lm_head_single_row an int8 copy of lm_head's
+    too, `int8_kernel`, needs numba) and with openvino int8 (a second compiled model, GGUF Q4_1's form, over the same
+    KV cache blocks); elsewhere they are not used (printed). Prints the
     KV pool size. prefix_cache_tokens > 0: a `PrefixCache` of that many positions (first steps reuse the keys
     and values of recent prompts that open alike). fail_token >= 0 (test-only) makes every forward
     whose tokens hold that id raise InjectedFault.
@@ -406,11 +407,13 @@ def load_decoder(
         step_fn = tensorrt_step(plan, device, max_slots, max_seq_len)
         kernels = plan.name
     else:
-        step_fn = load_paged_openvino(model_dir, config, dtype, max_slots, max_seq_len, num_threads)
+        single_row = "int4" if int4_single_row and dtype == "int8" else None
+        step_fn = load_paged_openvino(model_dir, config, dtype, max_slots, max_seq_len, num_threads, single_row)
         kernels = f"OpenVINO {step_fn.describe()}"
+    used = {"int4_single_row": packed or (backend == "openvino" and dtype == "int8"), "int8_lm_head_single_row": packed}
     for option, asked in (("int4_single_row", int4_single_row), ("int8_lm_head_single_row", int8_lm_head_single_row)):
-        if asked and not packed:
-            print(f"decoder: {option} is for the packed bf16 CPU path; not used with {backend} {dtype} on {device}")
+        if asked and not used[option]:
+            print(f"decoder: {option} is not used with {backend} {dtype} on {device}")
     paged = isinstance(step_fn, PagedOpenVINO)
     pool = KVCachePool(config.num_layers, config.num_kv_heads, config.head_dim, max_slots, max_seq_len, idle_timeout_s,
                        dtype=TORCH_DTYPES.get(dtype, torch.float32), device=device, store=not paged)

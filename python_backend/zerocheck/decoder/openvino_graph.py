@@ -194,7 +194,9 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     mask = ops.convert(ops.unsqueeze(attention_mask, _const([1, 2])), Type.f32)
     mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
 
-    x = ops.gather(_const(state["embed_tokens.weight"], np.float32), input_ids, _const(0))
+    # the table's own memory, not a copy: both models of an int4_single_row decoder read the one array in `state`
+    x = ops.gather(ops.constant(np.ascontiguousarray(state["embed_tokens.weight"], dtype=np.float32), shared_memory=True),
+                   input_ids, _const(0))
     sinks = []
     for i in range(config.num_layers):
         p = f"layers.{i}."

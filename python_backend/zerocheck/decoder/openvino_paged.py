@@ -50,10 +50,14 @@ class BlockTable:
 
 
 class PagedOpenVINO:
-    """One forward over rows of (slot, cached length, new tokens) on a compiled paged model."""
+    """One forward over rows of (slot, cached length, new tokens) on a compiled paged model; with `single_row`, a
+    second compiled model of the same paged form (other weights) runs the steps of one row and one token, over the
+    same cache blocks."""
 
-    def __init__(self, compiled: ov.CompiledModel, num_layers: int, max_positions: int, max_slots: int) -> None:
+    def __init__(self, compiled: ov.CompiledModel, num_layers: int, max_positions: int, max_slots: int,
+                 single_row: ov.CompiledModel | None = None) -> None:
         self.request = compiled.create_infer_request()
+        self.single_row = single_row.create_infer_request() if single_row is not None else None
         key = compiled.input("key_cache.0")
         self.block_size = int(compiled.input("value_cache.0").get_partial_shape()[2].get_length())
         blocks_per_slot = -(-max_positions // self.block_size)
@@ -65,6 +69,13 @@ class PagedOpenVINO:
                 shape = [self.table.num_blocks, *(d.get_length() for d in compiled.input(f"{kind}.{layer}").get_partial_shape()[1:])]
                 tensor = ov.Tensor(self.cache_type, ov.Shape(shape))
                 self.request.set_tensor(f"{kind}.{layer}", tensor)
+                if single_row is not None:
+                    port = single_row.input(f"{kind}.{layer}")
+                    if port.get_element_type() != self.cache_type or \
+                            [d.get_length() for d in port.get_partial_shape()[1:]] != shape[1:]:
+                        raise ValueError(f"the one-row model's {kind}.{layer} is {port.get_element_type()} "
+                                         f"{port.get_partial_shape()}, not the batch model's {self.cache_type} {shape}")
+                    self.single_row.set_tensor(f"{kind}.{layer}", tensor)
                 self.caches.append(tensor)
 
     @property
@@ -72,8 +83,9 @@ class PagedOpenVINO:
         return sum(tensor.byte_size for tensor in self.caches)
 
     def describe(self) -> str:
-        return (f"paged KV cache: {self.table.num_blocks} blocks x {self.block_size} positions, {self.cache_type.get_type_name()}, "
-                f"{self.nbytes / 2**20:.1f} MiB reserved (committed as used)")
+        return (("a one-row model for one-row steps, " if self.single_row is not None else "")
+                + f"paged KV cache: {self.table.num_blocks} blocks x {self.block_size} positions, "
+                f"{self.cache_type.get_type_name()}, {self.nbytes / 2**20:.1f} MiB reserved (committed as used)")
 
     def read_prefix(self, slot: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the blocks holding the first `positions` positions of `slot`, as the cache stores them
@@ -113,16 +125,18 @@ class PagedOpenVINO:
             "block_indices_begins": block_begins,
             "max_context_len": np.asarray(int((past + counts).max()), dtype=np.int32),
         }
+        request = self.single_row if self.single_row is not None and begins[-1] == 1 else self.request
         for name, value in inputs.items():
-            self.request.set_tensor(name, ov.Tensor(value))
-        self.request.infer()
-        return torch.from_numpy(self.request.get_tensor("logits").data.copy())
+            request.set_tensor(name, ov.Tensor(value))
+        request.infer()
+        return torch.from_numpy(request.get_tensor("logits").data.copy())
 
 
 def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, max_slots: int, max_seq_len: int,
-                        num_threads: int | None) -> PagedOpenVINO:
+                        num_threads: int | None, single_row_weights: str | None = None) -> PagedOpenVINO:
     """Build the paged model of the checkpoint in `model_dir` with `weights` (`openvino_graph.WEIGHTS`) and
-    compile it for the CPU. fp32 is exact: fp32 inference and an f32 KV cache. int8 / int4: f32 inference on
+    compile it for the CPU; with `single_row_weights`, a second one with those weights for the steps of one row
+    and one token (a lone sequence's decode, where reading fewer weight bytes is what a step's time is made of). fp32 is exact: fp32 inference and an f32 KV cache. int8 / int4: f32 inference on
     every CPU (the plugin's default is bf16 where the CPU has AMX or AVX512-BF16, which lost 0.9 points of greedy
     agreement with fp32 there at no measured speed: benchmarks/precision.py, benchmarks/decoder.py), activations
     quantized per group of 32 for the compressed matrix multiplies, and a u8 KV cache."""
@@ -141,5 +155,8 @@ def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, ma
         properties |= {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
     if num_threads:
         properties["INFERENCE_NUM_THREADS"] = num_threads
-    compiled = ov.Core().compile_model(build_paged_model(config, state, weights), "CPU", properties)
-    return PagedOpenVINO(compiled, config.num_layers, max_seq_len, max_slots)
+    core = ov.Core()
+    compiled = core.compile_model(build_paged_model(config, state, weights), "CPU", properties)
+    single_row = core.compile_model(build_paged_model(config, state, single_row_weights), "CPU", properties) \
+        if single_row_weights else None
+    return PagedOpenVINO(compiled, config.num_layers, max_seq_len, max_slots, single_row)

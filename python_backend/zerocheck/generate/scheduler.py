@@ -5,7 +5,9 @@ All active sequences of one sampler path advance together: each iteration sends 
 and applies the sampled tokens. A sequence joins at the first iteration after it arrives and
 leaves when it ends, so the batch changes from step to step, as in TensorRT-LLM's in-flight
 batching. While a step runs, the scheduler streams the text of the step before and finishes the
-sequences that ended, so detokenizing and sending responses overlap the model's compute.
+sequences that ended, so detokenizing and sending responses overlap the model's compute; it also asks then
+whether each sequence's request was cancelled (a call to Triton per request), and a cancelled sequence ends
+at the next iteration, its slot freed before the next step.
 
 Chunked prefill: a step carries at most `prefill_tokens` prompt tokens. Long prompts, or many that
 arrive together, are prefilled a chunk per step, first come first served, while the running
@@ -96,9 +98,6 @@ class StepScheduler:
         try:
             while True:
                 active += self._arrived.pop(path, [])
-                for entry in active:
-                    if not entry.seq.done and entry.seq.cancelled():
-                        entry.seq.cancel()
                 running = [entry for entry in active if not entry.seq.done]
                 ended = [entry for entry in active if entry.seq.done]  # before this step, so none is in it
                 self._release_slots(ended)  # its call goes out before the step's: the decoder frees them first
@@ -110,6 +109,9 @@ class StepScheduler:
                     deliver(entry.seq, entry.emit)
                 self._resolve(ended)
                 active = running
+                for entry in active:  # while the step runs too; a cancelled sequence ends at the next iteration
+                    if entry.seq.cancelled():
+                        entry.seq.cancel()
                 if stepping is None:
                     if not self._arrived.get(path):
                         return
