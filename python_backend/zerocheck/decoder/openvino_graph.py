@@ -195,8 +195,8 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
 
     # the table's own memory, not a copy: both models of an int4_single_row decoder read the one array in `state`
-    x = ops.gather(ops.constant(np.ascontiguousarray(state["embed_tokens.weight"], dtype=np.float32), shared_memory=True),
-                   input_ids, _const(0))
+    table = np.ascontiguousarray(state["embed_tokens.weight"], dtype=np.float32)
+    x = ops.gather(ops.constant(table, shared_memory=True), input_ids, _const(0))
     sinks = []
     for i in range(config.num_layers):
         p = f"layers.{i}."

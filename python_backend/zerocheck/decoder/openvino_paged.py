@@ -136,10 +136,11 @@ def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, ma
                         num_threads: int | None, single_row_weights: str | None = None) -> PagedOpenVINO:
     """Build the paged model of the checkpoint in `model_dir` with `weights` (`openvino_graph.WEIGHTS`) and
     compile it for the CPU; with `single_row_weights`, a second one with those weights for the steps of one row
-    and one token (a lone sequence's decode, where reading fewer weight bytes is what a step's time is made of). fp32 is exact: fp32 inference and an f32 KV cache. int8 / int4: f32 inference on
-    every CPU (the plugin's default is bf16 where the CPU has AMX or AVX512-BF16, which lost 0.9 points of greedy
-    agreement with fp32 there at no measured speed: benchmarks/precision.py, benchmarks/decoder.py), activations
-    quantized per group of 32 for the compressed matrix multiplies, and a u8 KV cache."""
+    and one token (a lone sequence's decode, whose time is reading the weights). fp32 is exact: fp32 inference
+    and an f32 KV cache. int8 / int4: f32 inference on every CPU (the plugin's default is bf16 where the CPU has
+    AMX or AVX512-BF16, which lost 0.9 points of greedy agreement with fp32 there at no measured speed:
+    benchmarks/precision.py, benchmarks/decoder.py), activations quantized per group of 32 for the compressed
+    matrix multiplies, and a u8 KV cache."""
     from safetensors.numpy import load_file
 
     from zerocheck.decoder.openvino_graph import build_paged_model
