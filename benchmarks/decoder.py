@@ -33,8 +33,8 @@ from zerocheck.serve.binary import THREAD_ENVIRONMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 32
-VARIANTS = ["openvino:int8", "openvino:int4", "openvino:fp32", "torch:fp32", "torch:bf16", "torch:bf16+int4",
-            "torch:bf16+int4+int8head"]
+VARIANTS = ["openvino:int8", "openvino:int8+int4", "openvino:int4", "openvino:fp32", "torch:fp32", "torch:bf16",
+            "torch:bf16+int4", "torch:bf16+int4+int8head"]
 
 
 def median_ms(run: Callable[[], object], steps: int, warmup: int = 2) -> float:
