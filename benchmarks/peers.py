@@ -304,6 +304,27 @@ def chart(results: dict, streams: list[int], path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+def peer_ratios(results: dict, streams: list[int]) -> dict[str, float]:
+    """The issue's targets as ratios: tokens/s of both zerocheck paths and TTFT p50 at the most streams against
+    OpenVINO GenAI, peak PSS against llama-server (when measured)."""
+    ratios = {}
+    genai, llama = results.get("OpenVINO GenAI", {}), results.get("llama.cpp", {})
+    for system in ("zerocheck", "zerocheck checked"):
+        for n in streams:
+            if n in results.get(system, {}) and n in genai:
+                ratios[f"{system} / OpenVINO GenAI, tokens/s, {n} streams"] = (
+                    results[system][n]["tokens_per_s"] / genai[n]["tokens_per_s"])
+    top = max(streams)
+    if top in results.get("zerocheck", {}) and top in genai:
+        ratios[f"zerocheck / OpenVINO GenAI, TTFT p50, {top} streams"] = (
+            results["zerocheck"][top]["ttft_p50_s"] / genai[top]["ttft_p50_s"])
+    for n in streams:
+        if n in results.get("zerocheck", {}) and n in llama:
+            ratios[f"zerocheck / llama-server, peak PSS, {n} streams"] = (
+                results["zerocheck"][n]["peak_pss_mib"] / llama[n]["peak_pss_mib"])
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", type=Path, default=paths.artifacts_dir())
@@ -339,17 +360,7 @@ def main() -> int:
             cells.append("-" if r is None else f"{r['tokens_per_s']:.1f} ({r.get('ttft_p50_s', float('nan')):.2f}, "
                          f"{r.get('tpot_p50_ms', float('nan')):.1f}, {r['peak_pss_mib']:.0f})")
         print(f"{system:<{width}}" + " | ".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
-    ratios = {}
-    peer = results.get("OpenVINO GenAI", {})
-    for system in ("zerocheck", "zerocheck checked"):
-        for n in args.streams:
-            if n in results.get(system, {}) and n in peer:
-                ratios[f"{system} / OpenVINO GenAI, tokens/s, {n} streams"] = (
-                    results[system][n]["tokens_per_s"] / peer[n]["tokens_per_s"])
-    top = max(args.streams)
-    if top in results.get("zerocheck", {}) and top in peer:
-        ratios[f"zerocheck / OpenVINO GenAI, TTFT p50, {top} streams"] = (
-            results["zerocheck"][top]["ttft_p50_s"] / peer[top]["ttft_p50_s"])
+    ratios = peer_ratios(results, args.streams)
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
     args.out.mkdir(parents=True, exist_ok=True)
