@@ -374,6 +374,8 @@ def load_decoder(
         print(f"decoder: this model's layer widths are not multiples of {GROUP}: dtype auto is fp32, not {dtype}")
         dtype = "fp32"
     packed = backend == "torch" and device == "cpu" and dtype == "bf16" and packing  # `PackedTransformer`
+    # where each one-row option has a use: the packed path, and (int4 only) openvino's second, int4 compiled model
+    used = {"int4_single_row": packed or (backend == "openvino" and dtype == "int8"), "int8_lm_head_single_row": packed}
     if backend == "torch":
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -407,10 +409,9 @@ def load_decoder(
         step_fn = tensorrt_step(plan, device, max_slots, max_seq_len)
         kernels = plan.name
     else:
-        single_row = "int4" if int4_single_row and dtype == "int8" else None
+        single_row = "int4" if int4_single_row and used["int4_single_row"] else None
         step_fn = load_paged_openvino(model_dir, config, dtype, max_slots, max_seq_len, num_threads, single_row)
         kernels = f"OpenVINO {step_fn.describe()}"
-    used = {"int4_single_row": packed or (backend == "openvino" and dtype == "int8"), "int8_lm_head_single_row": packed}
     for option, asked in (("int4_single_row", int4_single_row), ("int8_lm_head_single_row", int8_lm_head_single_row)):
         if asked and not used[option]:
             print(f"decoder: {option} is not used with {backend} {dtype} on {device}")
