@@ -27,6 +27,7 @@ avx512-bf16).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -202,9 +203,10 @@ def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
     return rates
 
 
-def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
-    """`llama-server` on the packaged GGUF with as many parallel slots as the most streams, through the OpenAI
-    SDK's streamed chat completions (`ignore_eos` so every stream makes `tokens` tokens)."""
+@contextlib.contextmanager
+def llama_server(binary: Path, slots: int, context_per_slot: int = 512) -> Iterator[tuple[str, int]]:
+    """`llama-server` on the packaged GGUF, `slots` parallel slots (continuous batching), on a free loopback port;
+    yields its base URL and process id once it answers, stops it afterwards."""
     import socket
 
     from openai import OpenAI
@@ -212,10 +214,9 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    slots = max(streams)
     server = subprocess.Popen([str(binary), "-m", str(SMOLLM2.gguf_path()), "--host", "127.0.0.1", "--port", str(port),
-                               "-np", str(slots), "-cb", "-c", str(slots * 512), "-t", str(os.cpu_count())],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "-np", str(slots), "-cb", "-c", str(slots * context_per_slot),
+                               "-t", str(os.cpu_count())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         deadline = time.monotonic() + 120
@@ -227,12 +228,17 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("llama-server did not start")
                 time.sleep(0.5)
-
-        one = openai_stream(f"http://127.0.0.1:{port}/v1", "gguf", tokens)
-        return closed_loop(one, streams, tokens, server.pid)
+        yield f"http://127.0.0.1:{port}", server.pid
     finally:
         server.terminate()
         server.wait(30)
+
+
+def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
+    """`llama-server` with as many parallel slots as the most streams, through the OpenAI SDK's streamed chat
+    completions (`ignore_eos` so every stream makes `tokens` tokens)."""
+    with llama_server(binary, max(streams)) as (url, pid):
+        return closed_loop(openai_stream(f"{url}/v1", "gguf", tokens), streams, tokens, pid)
 
 
 def transformers_rates(artifacts: Path, streams: list[int], tokens: int) -> dict:

@@ -1,15 +1,20 @@
 """Reduced precision (openvino int8 and int4 weights; torch bf16, bf16 with int4 weights and an int8 lm_head in
 one-row steps) against fp32 on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
 
-    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8 genai]
+    python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8 genai llama.cpp]
+                                   [--llama-server PATH]
 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
 first position where each prompt's free-running greedy text leaves fp32's, and the largest logit gap;
 writes benchmarks/results/precision-<CPU kind>.json (`zerocheck.bench.machine.cpu_kind`: the reduced-precision
 kernels differ by kind of CPU). The bar we hold a default dtype to: >= 98 % of positions agree.
-Variant `genai` is OpenVINO GenAI's LLMPipeline on the packaged GGUF, run greedily from the same prompt ids:
-its API hands out no logits, so it has the free-running figures only.
+Peers on the packaged GGUF (their own reading of its Q4_1 blocks): `genai`, OpenVINO GenAI: free-running, its
+LLMPipeline greedy from the same prompt ids; top-1, the model it converts the GGUF into (saved with
+`enable_save_ov_model`, compiled with the CPU plugin's defaults as the pipeline compiles it), fed each prompt and
+the fp32 tokens in one forward. `llama.cpp` (needs --llama-server PATH): `llama-server`, one slot; top-1, its
+greedy token after the prompt and the fp32 tokens so far (the slot's cache reused from call to call);
+free-running, its greedy tokens (`ignore_eos`). Neither hands out logits here: no logit gap for them.
 """
 from __future__ import annotations
 
@@ -67,8 +72,8 @@ def free_running(diverges: int | None) -> str:
     return "identical" if diverges is None else f"leaves fp32 at token {diverges}"
 
 
-def summary(rows: list[dict], tokens: int, top1_agreement: float | None) -> dict:
-    """A variant's result: its rows, the top-1 agreement (None: no logits), the prompts generated identically."""
+def summary(rows: list[dict], tokens: int, top1_agreement: float) -> dict:
+    """A variant's result: its rows, the top-1 agreement, the prompts generated identically."""
     return {"prompts": len(rows), "tokens": tokens, "top1_agreement": top1_agreement, "rows": rows,
             "identical_free_running": sum(r["free_running_diverges_at"] is None for r in rows)}
 
@@ -92,27 +97,70 @@ def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_
     return summary(rows, tokens, agree / total)
 
 
-def genai_free_running(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]],
-                       tokens: int) -> dict:
-    """OpenVINO GenAI's greedy tokens from the same prompt ids against the fp32 references (no top-1 figure)."""
+def genai(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]], tokens: int) -> dict:
+    """OpenVINO GenAI on the packaged GGUF against the fp32 references: its pipeline's free-running greedy tokens
+    and its converted model's teacher-forced top-1."""
+    import tempfile
+
     import numpy as np
     import openvino as ov
-    import openvino_genai as genai
+    import openvino_genai
 
     from zerocheck.build.sources import SMOLLM2
 
-    pipe = genai.LLMPipeline(str(SMOLLM2.gguf_path()), "CPU", {})
-    config = genai.GenerationConfig()
+    config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.do_sample, config.ignore_eos = tokens, False, True
+    agree = total = 0
     rows = []
-    for prompt, (reference, _) in zip(all_prompts, references):
-        ids = np.array([prompt], dtype=np.int64)
-        free = [int(t) for t in pipe.generate(genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
-                                              config).tokens[0]]
-        diverges = first_difference(reference, free)
-        rows.append({"prompt_tokens": len(prompt), "free_running_diverges_at": diverges})
-        print(f"  free-running greedy {free_running(diverges)}")
-    return summary(rows, tokens, None)
+    with tempfile.TemporaryDirectory() as folder:  # the converted model is saved beside the GGUF it reads
+        gguf = Path(folder) / SMOLLM2.gguf_path().name
+        gguf.symlink_to(SMOLLM2.gguf_path())
+        pipe = openvino_genai.LLMPipeline(str(gguf), "CPU", enable_save_ov_model=True)
+        request = ov.Core().compile_model(str(Path(folder) / "openvino_model.xml"), "CPU").create_infer_request()
+        for prompt, (reference, _) in zip(all_prompts, references):
+            ids = np.array([prompt], dtype=np.int64)
+            free = [int(t) for t in pipe.generate(openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
+                                                  config).tokens[0]]
+            forced = np.array([prompt + reference[:-1]], dtype=np.int64)
+            request.reset_state()
+            logits = request.infer({"input_ids": forced, "attention_mask": np.ones_like(forced),
+                                    "position_ids": np.arange(forced.shape[1])[None], "beam_idx": np.zeros(1, np.int32)},
+                                   share_outputs=True)["logits"]
+            same = int((logits[0, len(prompt) - 1:].argmax(-1) == np.array(reference)).sum())
+            agree, total = agree + same, total + len(reference)
+            rows.append(row(prompt, same, reference, free))
+    return summary(rows, tokens, agree / total)
+
+
+def llama_cpp(binary: Path, references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]],
+              tokens: int) -> dict:
+    """llama.cpp's `llama-server` on the packaged GGUF against the fp32 references: greedy tokens through its
+    /completion endpoint (prompts as token ids), teacher-forced one token at a time and free-running."""
+    import httpx
+
+    from peers import llama_server
+
+    agree = total = 0
+    rows = []
+    with llama_server(binary, 1, context_per_slot=1024) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        def greedy_tokens(ids: list[int], count: int) -> list[int]:
+            response = client.post("/completion", json={"prompt": ids, "n_predict": count, "temperature": 0,
+                                                         "ignore_eos": True, "cache_prompt": True, "return_tokens": True})
+            response.raise_for_status()
+            return response.json()["tokens"]
+
+        for prompt, (reference, _) in zip(all_prompts, references):
+            same = sum(greedy_tokens(prompt + reference[:i], 1) == [reference[i]] for i in range(len(reference)))
+            agree, total = agree + same, total + len(reference)
+            rows.append(row(prompt, same, reference, greedy_tokens(prompt, tokens)))
+    return summary(rows, tokens, agree / total)
+
+
+def row(prompt: list[int], same: int, reference: list[int], free: list[int]) -> dict:
+    """A peer's figures for one prompt (no logits: no gap)."""
+    diverges = first_difference(reference, free)
+    print(f"  {same:>3}/{len(reference)} top-1 agree, free-running greedy {free_running(diverges)}")
+    return {"prompt_tokens": len(prompt), "top1_agree": same, "free_running_diverges_at": diverges}
 
 
 def main() -> None:
@@ -123,10 +171,14 @@ def main() -> None:
                         default=["openvino:int8", "openvino:int4", "openvino:fp32", "torch:bf16",
                                  "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
-                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF")
+                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF; "
+                             "llama.cpp: llama-server on it (--llama-server)")
+    parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary, for variant llama.cpp")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / f"precision-{cpu_kind(cpu()['flags'])}.json")
     args = parser.parse_args()
+    if "llama.cpp" in args.variants and args.llama_server is None:
+        parser.error("variant llama.cpp needs --llama-server PATH")
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
     all_prompts = prompts(args.artifacts)
     references = [greedy(reference, prompt, args.tokens) for prompt in all_prompts]  # once for every variant
@@ -134,16 +186,15 @@ def main() -> None:
     for variant in args.variants:
         print(f"{variant} vs torch:fp32")
         if variant == "genai":
-            result = genai_free_running(references, all_prompts, args.tokens)
-            print(f"{variant} vs fp32: free-running greedy identical for {result['identical_free_running']}/"
-                  f"{result['prompts']} prompts")
-            results[variant] = result
-            continue
-        result = compare(references, load_decoder(args.artifacts, max_slots=1, **variant_options(variant)),
-                         all_prompts, args.tokens)
-        agree = result["top1_agreement"]
-        print(f"{variant} vs fp32: top-1 agrees at {agree:.1%} of {len(all_prompts) * args.tokens} positions; "
-              f"free-running greedy identical for {result['identical_free_running']}/{result['prompts']} prompts")
+            result = genai(references, all_prompts, args.tokens)
+        elif variant == "llama.cpp":
+            result = llama_cpp(args.llama_server, references, all_prompts, args.tokens)
+        else:
+            result = compare(references, load_decoder(args.artifacts, max_slots=1, **variant_options(variant)),
+                             all_prompts, args.tokens)
+        print(f"{variant} vs fp32: top-1 agrees at {result['top1_agreement']:.1%} of {len(all_prompts) * args.tokens} "
+              f"positions; free-running greedy identical for {result['identical_free_running']}/{result['prompts']} "
+              "prompts")
         results[variant] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["benchmarks/precision.py", *sys.argv[1:]])
