@@ -1,6 +1,6 @@
 """zerocheck against its CPU peers on the same model and machine, in one run.
 
-    python benchmarks/peers.py [--streams 1 8 32] [--tokens 128] [--llama-server PATH]
+    python benchmarks/peers.py [--streams 1 8 32] [--tokens 128] [--llama-server PATH] [--llama-quantize PATH]
 
 One closed-loop load for every system: at each stream count, that many distinct chat prompts at once, each
 generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k 50, top-p 0.9:
@@ -12,6 +12,9 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
   zerocheck bf16       the packed bf16 torch path (`dtype: bf16`), where the CPU multiplies bf16 (AVX512-BF16, AMX)
   OpenVINO GenAI       `ContinuousBatchingPipeline` on the packaged GGUF (Q4_1), in-process, its own sampler
                        (paged KV cache, u8, dynamic split-fuse, prefix caching)
+  OpenVINO GenAI Q8_0  the same on that GGUF requantized to Q8_0 by llama.cpp's `llama-quantize`, when
+                       --llama-quantize names one (GenAI's reading of Q4_1 blocks agrees with their own weights
+                       far less often than zerocheck's int8: benchmarks/precision.py, variants genai, genai:q8_0)
   llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
                        --llama-server names a binary (built from the llama-cpp-python sdist)
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
@@ -20,7 +23,7 @@ per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall
 token), TTFT and TPOT p50/p95 over the streams, and the peak PSS of all the system's processes (server, stubs and
 front end; in-process systems: this benchmark's process), sampled every 2 s (reading the PSS of a server's ~20
 processes takes ~50 ms of CPU, which would otherwise compete with the measured server). Prints the table and
-the ratios to OpenVINO GenAI, writes benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit)
+the ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit)
 and its plot peers-<CPU kind>.png, one pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512,
 avx512-bf16).
 """
@@ -163,12 +166,20 @@ def zerocheck_rates(artifacts: Path, streams: list[int], tokens: int, decoder: d
         shutil.rmtree(repository.parent, ignore_errors=True)
 
 
-def openvino_genai_rates(streams: list[int], tokens: int) -> dict:
+def requantized(llama_quantize: Path, folder: Path, kind: str) -> Path:
+    """The packaged GGUF requantized to `kind` (a ggml type, e.g. Q8_0) by llama.cpp's `llama-quantize`, in
+    `folder`."""
+    out = folder / f"{SMOLLM2.gguf_path().stem.rsplit('.', 1)[0]}.{kind}.gguf"
+    subprocess.run([str(llama_quantize), "--allow-requantize", str(SMOLLM2.gguf_path()), str(out), kind],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+def openvino_genai_rates(streams: list[int], tokens: int, gguf: Path) -> dict:
     """Every stream's request added at once, then `step()` until all finish; TTFT per request from its first
     readable token, TPOT from there to its end."""
     import openvino_genai as genai
 
-    gguf = SMOLLM2.gguf_path()
     scheduler = genai.SchedulerConfig()
     scheduler.cache_size, scheduler.max_num_batched_tokens, scheduler.max_num_seqs = 1, 256, max(streams)
     scheduler.dynamic_split_fuse, scheduler.enable_prefix_caching = True, True
@@ -241,6 +252,13 @@ def llama_server_rates(binary: Path, streams: list[int], tokens: int) -> dict:
         return closed_loop(openai_stream(f"{url}/v1", "gguf", tokens), streams, tokens, pid)
 
 
+def genai_q8_0_rates(llama_quantize: Path, streams: list[int], tokens: int) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        return openvino_genai_rates(streams, tokens, requantized(llama_quantize, Path(folder), "Q8_0"))
+
+
 def transformers_rates(artifacts: Path, streams: list[int], tokens: int) -> dict:
     """`generate` on one static batch: tokens/s and memory (no per-stream TTFT or TPOT: the batch ends as one)."""
     import torch
@@ -274,6 +292,8 @@ def measure(system: str, args: argparse.Namespace) -> dict:
                "--tokens", str(args.tokens), "--streams", *map(str, args.streams)]
     if args.llama_server:
         command += ["--llama-server", str(args.llama_server)]
+    if args.llama_quantize:
+        command += ["--llama-quantize", str(args.llama_quantize)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout).strip().splitlines()[-1][:300]}
@@ -285,7 +305,8 @@ SYSTEMS = {
     "zerocheck checked": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, None, zerocheck=False),
     "zerocheck fp32": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"backend": "openvino", "dtype": "fp32"}),
     "zerocheck bf16": lambda a: zerocheck_rates(a.artifacts, a.streams, a.tokens, {"dtype": "bf16"}),
-    "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens),
+    "OpenVINO GenAI": lambda a: openvino_genai_rates(a.streams, a.tokens, SMOLLM2.gguf_path()),
+    "OpenVINO GenAI Q8_0": lambda a: genai_q8_0_rates(a.llama_quantize, a.streams, a.tokens),
     "llama.cpp": lambda a: llama_server_rates(a.llama_server, a.streams, a.tokens),
     "transformers fp32": lambda a: transformers_rates(a.artifacts, a.streams, a.tokens),
 }
@@ -311,8 +332,9 @@ def chart(results: dict, streams: list[int], path: Path, title: str) -> None:
 
 
 def peer_ratios(results: dict, streams: list[int]) -> dict[str, float]:
-    """The issue's targets as ratios: tokens/s of both zerocheck paths and TTFT p50 at the most streams against
-    OpenVINO GenAI, peak PSS against llama-server (when measured)."""
+    """The targets as ratios: tokens/s of both zerocheck paths and TTFT p50 at the most streams against OpenVINO
+    GenAI (and zerocheck's tokens/s against GenAI on the Q8_0 GGUF), peak PSS against llama-server (when
+    measured)."""
     ratios = {}
     genai, llama = results.get("OpenVINO GenAI", {}), results.get("llama.cpp", {})
     for system in ("zerocheck", "zerocheck checked"):
@@ -320,6 +342,10 @@ def peer_ratios(results: dict, streams: list[int]) -> dict[str, float]:
             if n in results.get(system, {}) and n in genai:
                 ratios[f"{system} / OpenVINO GenAI, tokens/s, {n} streams"] = (
                     results[system][n]["tokens_per_s"] / genai[n]["tokens_per_s"])
+    for n in streams:
+        if n in results.get("zerocheck", {}) and n in results.get("OpenVINO GenAI Q8_0", {}):
+            ratios[f"zerocheck / OpenVINO GenAI Q8_0, tokens/s, {n} streams"] = (
+                results["zerocheck"][n]["tokens_per_s"] / results["OpenVINO GenAI Q8_0"][n]["tokens_per_s"])
     top = max(streams)
     if top in results.get("zerocheck", {}) and top in genai:
         ratios[f"zerocheck / OpenVINO GenAI, TTFT p50, {top} streams"] = (
@@ -337,6 +363,8 @@ def main() -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary (else not measured)")
+    parser.add_argument("--llama-quantize", type=Path, default=None,
+                        help="llama.cpp's llama-quantize (the same build), for OpenVINO GenAI on a Q8_0 GGUF")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS), help="which to measure")
     parser.add_argument("--measure", choices=SYSTEMS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
@@ -351,6 +379,9 @@ def main() -> int:
     for system in args.systems:
         if system == "llama.cpp" and args.llama_server is None:
             results[system] = {"error": "not measured: no --llama-server binary"}
+            continue
+        if system == "OpenVINO GenAI Q8_0" and args.llama_quantize is None:
+            results[system] = {"error": "not measured: no --llama-quantize binary"}
             continue
         if system == "zerocheck bf16" and kind != "avx512-bf16":
             results[system] = {"error": "not measured: the CPU does not multiply bf16"}

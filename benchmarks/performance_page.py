@@ -83,10 +83,15 @@ def peers_section(data: dict, plot: str | None) -> list[str]:
     return lines + [""]
 
 
+PEER_VARIANTS = {"genai": "OpenVINO GenAI on the GGUF (top-1: the model it converts the GGUF into)",
+                 "llama.cpp": "llama.cpp on the GGUF (`llama-server`, greedy)"}
+
+
 def precision_section(data: dict) -> list[str]:
     lines = [f"## Precision: {kind_title(data)}", "", "`python benchmarks/precision.py`: each variant fed the fp32 "
              "torch decoder's greedy tokens (teacher forcing) over 20 prompts x 64 tokens; top-1 agreement with fp32 "
-             "at every position."]
+             "at every position. The fp32 reference is the packaged GGUF dequantized, so the peers reading that GGUF "
+             "are measured against its own weights too."]
     if "cpu" in data:
         lines += ["", machine(data) + "."]
     lines += ["", "| variant | top-1 agreement | free-running greedy identical | free-running: median position of "
@@ -94,7 +99,7 @@ def precision_section(data: dict) -> list[str]:
     for variant, result in data.get("variants", data).items():
         if isinstance(result, dict) and "top1_agreement" in result:
             agreement = "-" if result["top1_agreement"] is None else f"{result['top1_agreement']:.1%}"
-            name = "OpenVINO GenAI (its LLMPipeline on the GGUF; no logits out)" if variant == "genai" else variant
+            name = PEER_VARIANTS.get(variant, variant)
             firsts = [result["tokens"] if row["free_running_diverges_at"] is None else row["free_running_diverges_at"]
                       for row in result["rows"]]  # an identical prompt counts as differing after its last token
             median = statistics.median(firsts)

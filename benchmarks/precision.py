@@ -2,7 +2,7 @@
 one-row steps) against fp32 on the served model: greedy top-1 agreement over 20 prompts x 64 tokens.
 
     python benchmarks/precision.py [--artifacts artifacts] [--tokens 64] [--variants openvino:int8 genai llama.cpp]
-                                   [--llama-server PATH]
+                                   [--llama-server PATH] [--llama-quantize PATH]
 
 The fp32 torch decoder generates greedily; each variant (backend:dtype) is fed the same tokens
 (teacher forcing), and at every position its top-1 is compared with fp32's. Prints the agreement, the
@@ -12,7 +12,8 @@ kernels differ by kind of CPU). The bar we hold a default dtype to: >= 98 % of p
 Peers on the packaged GGUF (their own reading of its Q4_1 blocks): `genai`, OpenVINO GenAI: free-running, its
 LLMPipeline greedy from the same prompt ids; top-1, the model it converts the GGUF into (saved with
 `enable_save_ov_model`, compiled with the CPU plugin's defaults as the pipeline compiles it), fed each prompt and
-the fp32 tokens in one forward. `llama.cpp` (needs --llama-server PATH): `llama-server`, one slot; top-1, its
+the fp32 tokens in one forward; `genai:q8_0`, the same on the GGUF requantized to Q8_0 by llama.cpp's
+`llama-quantize` (--llama-quantize PATH). `llama.cpp` (needs --llama-server PATH): `llama-server`, one slot; top-1, its
 greedy token after the prompt and the fp32 tokens so far (the slot's cache reused from call to call);
 free-running, its greedy tokens (`ignore_eos`). Neither hands out logits here: no logit gap for them.
 """
@@ -21,13 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from machine import commit, cpu
+from peers import llama_server, requantized
 from zerocheck.bench.machine import cpu_kind
 from zerocheck import paths
+from zerocheck.build.sources import SMOLLM2
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.engine import variant_options
 from zerocheck.tokenizer import load_tokenizer
@@ -97,8 +101,9 @@ def compare(references: list[tuple[list[int], list[torch.Tensor]]], engine, all_
     return summary(rows, tokens, agree / total)
 
 
-def genai(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]], tokens: int) -> dict:
-    """OpenVINO GenAI on the packaged GGUF against the fp32 references: its pipeline's free-running greedy tokens
+def genai(source: Path, references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: list[list[int]],
+          tokens: int) -> dict:
+    """OpenVINO GenAI on the GGUF `source` against the fp32 references: its pipeline's free-running greedy tokens
     and its converted model's teacher-forced top-1."""
     import tempfile
 
@@ -106,15 +111,13 @@ def genai(references: list[tuple[list[int], list[torch.Tensor]]], all_prompts: l
     import openvino as ov
     import openvino_genai
 
-    from zerocheck.build.sources import SMOLLM2
-
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.do_sample, config.ignore_eos = tokens, False, True
     agree = total = 0
     rows = []
     with tempfile.TemporaryDirectory() as folder:  # the converted model is saved beside the GGUF it reads
-        gguf = Path(folder) / SMOLLM2.gguf_path().name
-        gguf.symlink_to(SMOLLM2.gguf_path())
+        gguf = Path(folder) / source.name
+        gguf.symlink_to(source.resolve())
         pipe = openvino_genai.LLMPipeline(str(gguf), "CPU", enable_save_ov_model=True)
         request = ov.Core().compile_model(str(Path(folder) / "openvino_model.xml"), "CPU").create_infer_request()
         for prompt, (reference, _) in zip(all_prompts, references):
@@ -137,8 +140,6 @@ def llama_cpp(binary: Path, references: list[tuple[list[int], list[torch.Tensor]
     """llama.cpp's `llama-server` on the packaged GGUF against the fp32 references: greedy tokens through its
     /completion endpoint (prompts as token ids), teacher-forced one token at a time and free-running."""
     import httpx
-
-    from peers import llama_server
 
     agree = total = 0
     rows = []
@@ -171,14 +172,18 @@ def main() -> None:
                         default=["openvino:int8", "openvino:int4", "openvino:fp32", "torch:bf16",
                                  "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
-                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF; "
-                             "llama.cpp: llama-server on it (--llama-server)")
+                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF; genai:q8_0: on "
+                             "it requantized to Q8_0 (--llama-quantize); llama.cpp: llama-server on it (--llama-server)")
     parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary, for variant llama.cpp")
+    parser.add_argument("--llama-quantize", type=Path, default=None,
+                        help="llama.cpp's llama-quantize, for variant genai:q8_0 (GenAI on the GGUF requantized to Q8_0)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / f"precision-{cpu_kind(cpu()['flags'])}.json")
     args = parser.parse_args()
     if "llama.cpp" in args.variants and args.llama_server is None:
         parser.error("variant llama.cpp needs --llama-server PATH")
+    if "genai:q8_0" in args.variants and args.llama_quantize is None:
+        parser.error("variant genai:q8_0 needs --llama-quantize PATH")
     reference = load_decoder(args.artifacts, backend="torch", dtype="fp32", max_slots=1)
     all_prompts = prompts(args.artifacts)
     references = [greedy(reference, prompt, args.tokens) for prompt in all_prompts]  # once for every variant
@@ -186,7 +191,10 @@ def main() -> None:
     for variant in args.variants:
         print(f"{variant} vs torch:fp32")
         if variant == "genai":
-            result = genai(references, all_prompts, args.tokens)
+            result = genai(SMOLLM2.gguf_path(), references, all_prompts, args.tokens)
+        elif variant == "genai:q8_0":
+            with tempfile.TemporaryDirectory() as folder:
+                result = genai(requantized(args.llama_quantize, Path(folder), "Q8_0"), references, all_prompts, args.tokens)
         elif variant == "llama.cpp":
             result = llama_cpp(args.llama_server, references, all_prompts, args.tokens)
         else:

@@ -11,7 +11,7 @@ import torch
 from zerocheck.build import BuildOptions, build_artifacts
 from zerocheck.decoder import StepRequest, load_decoder
 from zerocheck.decoder.errors import DecoderError
-from zerocheck.decoder.openvino_graph import compress_groups, compress_int8, compress_minimum
+from zerocheck.decoder.openvino_graph import compress_groups, compress_minimum, compress_symmetric
 from zerocheck.decoder.openvino_paged import BlockTable
 
 SCHEDULE = [  # prefill and decode rows in one step, sequences ending, a prompt longer than a cache block
@@ -101,8 +101,15 @@ def test_block_table_grows_slots_and_takes_blocks_back() -> None:
 def test_weight_compression_round_trips() -> None:
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((8, 64)).astype(np.float32)
-    codes, scale = compress_int8(weight)
-    assert codes.dtype == np.int8 and np.abs(codes * scale - weight).max() <= scale.max() / 2 + 1e-6
+    codes, scale = compress_symmetric(weight)
+    assert codes.dtype == np.int8 and codes.shape == (8, 2, 32) and scale.shape == (8, 2, 1)
+    assert np.abs((codes * scale).reshape(8, 64) - weight).max() <= scale.max() / 2 + 1e-6
+    # a weight on a Q8_0 grid (blocks of 32, a scale each, the largest code 127) comes back exactly
+    q8_0 = rng.integers(-127, 128, (8, 2, 32)).astype(np.float32)
+    q8_0[:, :, 0] = 127
+    q8_0 = (q8_0 * rng.uniform(0.001, 0.01, (8, 2, 1))).astype(np.float32)
+    codes, scale = compress_symmetric(q8_0.reshape(8, 64))
+    np.testing.assert_allclose(codes * scale, q8_0, rtol=1e-6)
     # asymmetric groups: within half a step of the weight, integer zero points, the range holding 0
     weight[:, :32] = np.abs(weight[:, :32]) + 0.5  # a group of positive weights
     for bits in (4, 8):

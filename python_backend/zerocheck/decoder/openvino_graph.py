@@ -17,8 +17,9 @@ activations in groups of 32 needs integer zero points; with a float one the plug
 int4: GGUF Q4_1's form, a float scale and minimum per group of 32 (`compress_minimum`: the packaged model's
 weights come back exactly, the least memory, float products). Compressed weights are Constants of u8 / u4
 codes that the graph converts, shifts and scales: the decompression pattern the CPU plugin fuses into its
-matrix multiplies. The embedding table stays fp32 (a gather reads a few rows); lm_head (tied or not) is int8
-per output row with compressed layers.
+matrix multiplies. With compressed layers the embedding table and lm_head (tied or not) are int8 codes in
+symmetric groups of 32 with a float scale each (`compress_symmetric`, GGUF Q8_0's form: the packaged model's
+token_embd exactly); the gather reads its rows through the same decompression.
 """
 from __future__ import annotations
 
@@ -44,11 +45,14 @@ def _const(array: np.ndarray | list | float, dtype: type = np.int64) -> ov.Node:
     return ops.constant(np.asarray(array, dtype=dtype))
 
 
-def compress_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[O, I] float -> int8 [O, I] and float32 scales [O, 1] (symmetric per output channel)."""
-    scale = np.abs(weight).max(axis=1, keepdims=True) / 127.0
+def compress_symmetric(weight: np.ndarray, group: int = GROUP) -> tuple[np.ndarray, np.ndarray]:
+    """[O, I] float -> int8 codes in -127..127 [O, I/group, group] and float32 scales [O, I/group, 1]:
+    w ~= code * scale, scale = max |w| / 127 per group (GGUF Q8_0's blocks: a Q8_0 weight comes back exactly)."""
+    out_features, in_features = weight.shape
+    blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
+    scale = np.abs(blocks).max(axis=2, keepdims=True) / 127.0
     scale[scale == 0] = 1.0
-    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
+    return np.clip(np.rint(blocks / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
 
 
 def compress_groups(weight: np.ndarray, bits: int, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,12 +112,14 @@ def groups_supported(config: DecoderConfig) -> bool:
 
 
 def _weight(weight: np.ndarray, kind: str) -> ov.Node:
-    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS, or "int8-channel" for lm_head)."""
+    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS, or "int8-symmetric" for lm_head and the
+    embedding table)."""
     if kind == "fp32":
         return _const(weight, np.float32)
-    if kind == "int8-channel":
-        codes, scale = compress_int8(weight)
-        return ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
+    if kind == "int8-symmetric":
+        codes, scale = compress_symmetric(weight)
+        dequantized = ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
+        return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
     if kind == "int4":  # Q4_1's form: a float zero point (-minimum / scale), which the CPU plugin decompresses to
         codes, scale, low = compress_minimum(weight)  # float products
         zero_point = _const(-low / scale, np.float32)
@@ -194,9 +200,8 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     mask = ops.convert(ops.unsqueeze(attention_mask, _const([1, 2])), Type.f32)
     mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
 
-    # the table's own memory, not a copy: both models of an int4_single_row decoder read the one array in `state`
-    table = np.ascontiguousarray(state["embed_tokens.weight"], dtype=np.float32)
-    x = ops.gather(ops.constant(table, shared_memory=True), input_ids, _const(0))
+    embedding = "fp32" if weights == "fp32" else "int8-symmetric"
+    x = ops.gather(_weight(state["embed_tokens.weight"], embedding), input_ids, _const(0))
     sinks = []
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -226,9 +231,7 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     flat = ops.reshape(x, _const([-1, config.hidden_size]), special_zero=False)
     last = ops.gather(flat, logits_indices, _const(0))
     head = state["embed_tokens.weight"] if config.tie_word_embeddings else state["lm_head.weight"]
-    # compressed layers leave lm_head at int8 per output row (as OpenVINO's weight compression does)
-    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head,
-                     "fp32" if weights == "fp32" else "int8-channel")
+    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head, embedding)
     result = ops.result(logits, name="logits")
     result.get_output_tensor(0).set_names({"logits"})
     model = ov.Model([result], sinks, [input_ids, attention_mask, position_ids, beam_idx, logits_indices], "zerocheck")
