@@ -13,7 +13,7 @@ hidden states reach the final norm and lm_head). Output `logits`: [rows, V] floa
 Weights (`WEIGHTS`): fp32 as in the checkpoint; int8: codes in asymmetric groups of 32 along the input with a
 float scale and an integer zero point per group (`compress_groups`, OpenVINO's and NNCF's asymmetric form), which
 OpenVINO's CPU plugin runs with integer products where the CPU has them (AVX512-VNNI: its dynamic quantization of
-activations in groups of 32 needs integer zero points; with a float one the plugin multiplies in floats);
+activations needs integer zero points; with a float one the plugin multiplies in floats);
 int4: GGUF Q4_1's form, a float scale and minimum per group of 32 (`compress_minimum`: the packaged model's
 weights come back exactly, the least memory, float products). Compressed weights are Constants of u8 / u4
 codes that the graph converts, shifts and scales: the decompression pattern the CPU plugin fuses into its

@@ -20,6 +20,12 @@ from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.errors import DecoderError
 
 
+# Inputs sharing a scale when the CPU plugin quantizes activations for integer products: the largest group that
+# keeps int8's greedy agreement with fp32 over the 98 % bar (benchmarks/precision.py). 32 makes large batches
+# faster and falls under the bar; 8 multiplies in floats from a few rows on (benchmarks/decoder.py)
+DQ_GROUP = 16
+
+
 class BlockTable:
     """Blocks of `block_size` positions handed to slots as they grow; a freed block is the next handed out."""
 
@@ -139,8 +145,8 @@ def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, ma
     and one token (a lone sequence's decode, whose time is reading the weights). fp32 is exact: fp32 inference
     and an f32 KV cache. int8 / int4: f32 inference on every CPU (the plugin's default is bf16 where the CPU has
     AMX or AVX512-BF16, which lost 0.9 points of greedy agreement with fp32 there at no measured speed:
-    benchmarks/precision.py, benchmarks/decoder.py), activations quantized per group of 32 for the compressed
-    matrix multiplies, and a u8 KV cache."""
+    benchmarks/precision.py, benchmarks/decoder.py), activations quantized per group of DQ_GROUP inputs for the
+    integer products of the compressed matrix multiplies, and a u8 KV cache."""
     from safetensors.numpy import load_file
 
     from zerocheck.decoder.openvino_graph import build_paged_model
@@ -153,7 +159,7 @@ def load_paged_openvino(model_dir: Path, config: DecoderConfig, weights: str, ma
     if weights == "fp32":
         properties["KV_CACHE_PRECISION"] = "f32"
     else:
-        properties |= {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
+        properties |= {"KV_CACHE_PRECISION": "u8", "DYNAMIC_QUANTIZATION_GROUP_SIZE": str(DQ_GROUP)}
     if num_threads:
         properties["INFERENCE_NUM_THREADS"] = num_threads
     core = ov.Core()
