@@ -22,10 +22,10 @@ The served systems (zerocheck, llama.cpp) get the same client: the OpenAI SDK's 
 per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall time from sending to the last
 token), TTFT and TPOT p50/p95 over the streams, and the peak PSS of all the system's processes (server, stubs and
 front end; in-process systems: this benchmark's process), sampled every 2 s (reading the PSS of a server's ~20
-processes takes ~50 ms of CPU, which would otherwise compete with the measured server). Prints the table and
-the ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit)
-and its plot peers-<CPU kind>.png, one pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512,
-avx512-bf16).
+processes takes ~50 ms of CPU, which would otherwise compete with the measured server). Prints the table, the
+ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes
+benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit) and its plot peers-<CPU kind>.png, one
+pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512, avx512-bf16).
 """
 from __future__ import annotations
 

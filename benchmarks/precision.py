@@ -13,8 +13,8 @@ Peers on the packaged GGUF (their own reading of its Q4_1 blocks): `genai`, Open
 LLMPipeline greedy from the same prompt ids; top-1, the model it converts the GGUF into (saved with
 `enable_save_ov_model`, compiled with the CPU plugin's defaults as the pipeline compiles it), fed each prompt and
 the fp32 tokens in one forward; `genai:q8_0`, the same on the GGUF requantized to Q8_0 by llama.cpp's
-`llama-quantize` (--llama-quantize PATH). `llama.cpp` (needs --llama-server PATH): `llama-server`, one slot; top-1, its
-greedy token after the prompt and the fp32 tokens so far (the slot's cache reused from call to call);
+`llama-quantize` (--llama-quantize PATH). `llama.cpp` (needs --llama-server PATH): `llama-server`, one slot;
+top-1, its greedy token after the prompt and the fp32 tokens so far (the slot's cache reused from call to call);
 free-running, its greedy tokens (`ignore_eos`). Neither hands out logits here: no logit gap for them.
 """
 from __future__ import annotations
@@ -105,8 +105,6 @@ def genai(source: Path, references: list[tuple[list[int], list[torch.Tensor]]], 
           tokens: int) -> dict:
     """OpenVINO GenAI on the GGUF `source` against the fp32 references: its pipeline's free-running greedy tokens
     and its converted model's teacher-forced top-1."""
-    import tempfile
-
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -122,8 +120,8 @@ def genai(source: Path, references: list[tuple[list[int], list[torch.Tensor]]], 
         request = ov.Core().compile_model(str(Path(folder) / "openvino_model.xml"), "CPU").create_infer_request()
         for prompt, (reference, _) in zip(all_prompts, references):
             ids = np.array([prompt], dtype=np.int64)
-            free = [int(t) for t in pipe.generate(openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))),
-                                                  config).tokens[0]]
+            inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+            free = [int(t) for t in pipe.generate(inputs, config).tokens[0]]
             forced = np.array([prompt + reference[:-1]], dtype=np.int64)
             request.reset_state()
             logits = request.infer({"input_ids": forced, "attention_mask": np.ones_like(forced),
@@ -172,8 +170,9 @@ def main() -> None:
                         default=["openvino:int8", "openvino:int4", "openvino:fp32", "torch:bf16",
                                  "torch:bf16+int4+int8head"],
                         help="backend:dtype, +int4 for int4 layer weights and +int8head for an int8 lm_head in one-row "
-                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF; genai:q8_0: on "
-                             "it requantized to Q8_0 (--llama-quantize); llama.cpp: llama-server on it (--llama-server)")
+                             "steps (all decode steps here are one row); genai: OpenVINO GenAI on the packaged GGUF; "
+                             "genai:q8_0: on it requantized to Q8_0 (--llama-quantize); llama.cpp: llama-server on it "
+                             "(--llama-server)")
     parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary, for variant llama.cpp")
     parser.add_argument("--llama-quantize", type=Path, default=None,
                         help="llama.cpp's llama-quantize, for variant genai:q8_0 (GenAI on the GGUF requantized to Q8_0)")
@@ -194,7 +193,8 @@ def main() -> None:
             result = genai(SMOLLM2.gguf_path(), references, all_prompts, args.tokens)
         elif variant == "genai:q8_0":
             with tempfile.TemporaryDirectory() as folder:
-                result = genai(requantized(args.llama_quantize, Path(folder), "Q8_0"), references, all_prompts, args.tokens)
+                result = genai(requantized(args.llama_quantize, Path(folder), "Q8_0"), references, all_prompts,
+                               args.tokens)
         elif variant == "llama.cpp":
             result = llama_cpp(args.llama_server, references, all_prompts, args.tokens)
         else:
