@@ -47,7 +47,7 @@ zero points, the form its CPU plugin multiplies in integers; a Q4_1 block's mini
 multiple of its scale, so that model leaves the GGUF's own weights: its greedy top-1 agrees with them far less
 often than any zerocheck dtype does (variant `genai` in the precision tables), and its tokens/s in the peers
 tables are that model's. `OpenVINO GenAI Q8_0` runs it on the GGUF requantized to Q8_0 by llama.cpp's
-`llama-quantize` (variant `genai:q8_0`): the peer at zerocheck int8's precision.
+`llama-quantize` (variant `genai:q8_0`): the peer nearest zerocheck int8's precision.
 """
 
 
