@@ -16,7 +16,9 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
                        --llama-quantize names one (GenAI's reading of Q4_1 blocks agrees with their own weights
                        far less often than zerocheck's int8: benchmarks/precision.py, variants genai, genai:q8_0)
   llama.cpp            `llama-server -np <streams> -cb` on the same GGUF through its OpenAI API, when
-                       --llama-server names a binary (built from the llama-cpp-python sdist)
+                       --llama-server names a binary: in the llama-cpp-python sdist's vendor/llama.cpp
+                       (`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`),
+                       `cmake -B build -DGGML_NATIVE=ON && cmake --build build --target llama-server llama-quantize`
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
 The served systems (zerocheck, llama.cpp) get the same client: the OpenAI SDK's streamed chat completions, a thread
 per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall time from sending to the last
