@@ -1,6 +1,7 @@
 """zerocheck against its CPU peers on the same model and machine, in one run.
 
-    python benchmarks/peers.py [--streams 1 8 32] [--tokens 128] [--llama-server PATH] [--llama-quantize PATH]
+    python benchmarks/peers.py [--streams 1 8 32] [--tokens 128] [--rounds N] [--llama-server PATH]
+                               [--llama-quantize PATH]
 
 One closed-loop load for every system: at each stream count, that many distinct chat prompts at once, each
 generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k 50, top-p 0.9:
@@ -20,7 +21,9 @@ generating exactly `--tokens` tokens (no early stop) with temperature 0.8, top-k
                        (`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`),
                        `cmake -B build -DGGML_NATIVE=ON && cmake --build build --target llama-server llama-quantize`
   transformers fp32    `generate` on the same safetensors weights, one static batch of all streams
-The served systems (zerocheck, llama.cpp) get the same client: the OpenAI SDK's streamed chat completions, a thread
+With --rounds N every system is measured N times, one system after the other in each round, and each figure is
+its median over the rounds (the host's drift lands on every system alike). The served systems (zerocheck,
+llama.cpp) get the same client: the OpenAI SDK's streamed chat completions, a thread
 per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall time from sending to the last
 token), TTFT and TPOT p50/p95 over the streams, and the peak PSS of all the system's processes (server, stubs and
 front end; in-process systems: this benchmark's process), sampled every 2 s (reading the PSS of a server's ~20
@@ -36,6 +39,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -333,6 +337,25 @@ def chart(results: dict, streams: list[int], path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+def median_rates(rounds: list[dict], streams: list[int]) -> dict:
+    """One system's rounds as one result: per stream count, each figure's median over the rounds that measured it
+    (with `tokens_per_s_rounds`, every round's tokens/s; `failed_rounds`, the errors of the others); the first
+    error when no round did."""
+    done = [rates for rates in rounds if "error" not in rates]
+    if not done:
+        return rounds[0]
+    merged: dict = {}
+    if len(done) < len(rounds):
+        merged["failed_rounds"] = [rates["error"] for rates in rounds if "error" in rates]
+    for n in streams:
+        measured = [rates[n] for rates in done if n in rates]
+        if measured:
+            merged[n] = {key: statistics.median(r[key] for r in measured) if isinstance(value, (int, float)) else value
+                         for key, value in measured[0].items()}
+            merged[n]["tokens_per_s_rounds"] = [r["tokens_per_s"] for r in measured]
+    return merged
+
+
 def peer_ratios(results: dict, streams: list[int]) -> dict[str, float]:
     """The targets as ratios: tokens/s of both zerocheck paths and TTFT p50 at the most streams against OpenVINO
     GenAI (and zerocheck's tokens/s against GenAI on the Q8_0 GGUF), peak PSS against llama-server (when
@@ -367,6 +390,8 @@ def main() -> int:
     parser.add_argument("--llama-server", type=Path, default=None, help="a llama-server binary (else not measured)")
     parser.add_argument("--llama-quantize", type=Path, default=None,
                         help="llama.cpp's llama-quantize (the same build), for OpenVINO GenAI on a Q8_0 GGUF")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times, round-robin; each figure is the median")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS), help="which to measure")
     parser.add_argument("--measure", choices=SYSTEMS, help=argparse.SUPPRESS)  # subprocess mode: print JSON
@@ -377,19 +402,22 @@ def main() -> int:
         return 0
     machine = cpu()
     kind = cpu_kind(machine["flags"])
-    results = {}
+    results: dict[str, dict] = {}
     for system in args.systems:
         if system == "llama.cpp" and args.llama_server is None:
             results[system] = {"error": "not measured: no --llama-server binary"}
-            continue
-        if system == "OpenVINO GenAI Q8_0" and args.llama_quantize is None:
+        elif system == "OpenVINO GenAI Q8_0" and args.llama_quantize is None:
             results[system] = {"error": "not measured: no --llama-quantize binary"}
-            continue
-        if system == "zerocheck bf16" and kind != "avx512-bf16":
+        elif system == "zerocheck bf16" and kind != "avx512-bf16":
             results[system] = {"error": "not measured: the CPU does not multiply bf16"}
-            continue
-        print(f"measuring {system} ...", flush=True)
-        results[system] = measure(system, args)
+    rounds: dict[str, list[dict]] = {system: [] for system in args.systems if system not in results}
+    for round_ in range(args.rounds):  # every system once a round: a drift of the host spreads over all of them
+        for system, measured in rounds.items():
+            print(f"measuring {system} (round {round_ + 1} of {args.rounds}) ...", flush=True)
+            measured.append(measure(system, args))
+    for system in args.systems:
+        if system in rounds:
+            results[system] = median_rates(rounds[system], args.streams)
     width = max(len(system) for system in results) + 2
     print(f"\n{'tokens/s (TTFT p50 s, TPOT p50 ms, peak PSS MiB)':<{width}}")
     for system, rates in results.items():
@@ -398,7 +426,8 @@ def main() -> int:
             r = rates.get(n)
             cells.append("-" if r is None else f"{r['tokens_per_s']:.1f} ({r.get('ttft_p50_s', float('nan')):.2f}, "
                          f"{r.get('tpot_p50_ms', float('nan')):.1f}, {r['peak_pss_mib']:.0f})")
-        print(f"{system:<{width}}" + " | ".join(cells) + (f"  ({rates['error']})" if "error" in rates else ""))
+        print(f"{system:<{width}}" + " | ".join(cells) + (f"  ({rates['error']})" if "error" in rates else "")
+              + (f"  (failed rounds: {rates['failed_rounds']})" if "failed_rounds" in rates else ""))
     ratios = peer_ratios(results, args.streams)
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
@@ -407,7 +436,7 @@ def main() -> int:
     name = f"peers-{kind}"
     (args.out / f"{name}.json").write_text(json.dumps(
         {"command": command, "cpu": machine, "commit": commit(), "tokens": args.tokens, "streams": args.streams,
-         "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")
+         "rounds": args.rounds, "sampling": SAMPLING, "results": results, "ratios": ratios}, indent=2, default=str) + "\n")
     chart(results, args.streams, args.out / f"{name}.png",
           f"SmolLM2-135M-Instruct, {machine['model']}, {machine['cores']} cores ({machine['flags']})")
     print(f"wrote {args.out / name}.json and {args.out / name}.png")

@@ -65,7 +65,9 @@ def kind_title(data: dict) -> str:
 def peers_section(data: dict, plot: str | None) -> list[str]:
     streams = data["streams"]
     lines = [f"## Against the peers: {kind_title(data)}", "",
-             machine(data) + f"; {data['tokens']} tokens a stream, sampling {data['sampling']}.", "",
+             machine(data) + f"; {data['tokens']} tokens a stream, sampling {data['sampling']}"
+             + (f"; each figure the median of {data['rounds']} rounds, every system measured once a round."
+                if data.get("rounds", 1) > 1 else "."), "",
              "| system | " + " | ".join(f"{n} streams: tok/s, TTFT p50 / p95 s, TPOT p50 / p95 ms, peak PSS MiB"
                                         for n in streams) + " |",
              "|---|" + "---|" * len(streams)]

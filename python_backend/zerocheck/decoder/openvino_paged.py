@@ -21,8 +21,9 @@ from zerocheck.decoder.errors import DecoderError
 
 
 # Inputs sharing a scale when the CPU plugin quantizes activations for integer products: the largest group that
-# keeps int8's greedy agreement with fp32 over the 98 % bar (benchmarks/precision.py). 32 makes large batches
-# faster and falls under the bar; 8 multiplies in floats from a few rows on (benchmarks/decoder.py)
+# keeps int8's greedy agreement with fp32 over the 98 % bar. 32 makes large batches faster and falls under the
+# bar; 8 makes every batch of a few rows or more far slower (measured with this value changed:
+# benchmarks/precision.py, benchmarks/decoder.py)
 DQ_GROUP = 16
 
 
