@@ -201,7 +201,8 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
 
     embedding = "fp32" if weights == "fp32" else "int8-symmetric"
-    x = ops.gather(_weight(state["embed_tokens.weight"], embedding), input_ids, _const(0))
+    table = _weight(state["embed_tokens.weight"], embedding)
+    x = ops.gather(table, input_ids, _const(0))
     sinks = []
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -230,8 +231,10 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     # only the rows' last tokens go on: [B, T, hidden] -> [B*T, hidden] -> [rows, hidden]
     flat = ops.reshape(x, _const([-1, config.hidden_size]), special_zero=False)
     last = ops.gather(flat, logits_indices, _const(0))
-    head = state["embed_tokens.weight"] if config.tie_word_embeddings else state["lm_head.weight"]
-    logits = _linear(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head, embedding)
+    # a tied lm_head is the table's own node: one compression, one constant, still fused into a compressed matmul
+    head = table if config.tie_word_embeddings else _weight(state["lm_head.weight"], embedding)
+    logits = ops.matmul(_rms_norm(last, state["norm.weight"], config.rms_norm_eps), head, transpose_a=False,
+                        transpose_b=True)
     result = ops.result(logits, name="logits")
     result.get_output_tensor(0).set_names({"logits"})
     model = ov.Model([result], sinks, [input_ids, attention_mask, position_ids, beam_idx, logits_indices], "zerocheck")
