@@ -10,16 +10,16 @@ another), `past_lens`, `subsequence_begins`, `block_indices`, `block_indices_beg
 see `zerocheck.decoder.openvino_paged`), the caches, and `logits_indices` ([rows] int64: which of the tokens'
 hidden states reach the final norm and lm_head). Output `logits`: [rows, V] float32.
 
-Weights (`WEIGHTS`): fp32 as in the checkpoint; int8: codes in asymmetric groups of 32 along the input with a
-float scale and an integer zero point per group (`compress_groups`, OpenVINO's and NNCF's asymmetric form), which
-OpenVINO's CPU plugin runs with integer products where the CPU has them (AVX512-VNNI: its dynamic quantization of
-activations needs integer zero points; with a float one the plugin multiplies in floats);
-int4: GGUF Q4_1's form, a float scale and minimum per group of 32 (`compress_minimum`: the packaged model's
-weights come back exactly, the least memory, float products). Compressed weights are Constants of u8 / u4
-codes that the graph converts, shifts and scales: the decompression pattern the CPU plugin fuses into its
-matrix multiplies. With compressed layers the embedding table and lm_head (tied or not) are int8 codes in
-symmetric groups of 32 with a float scale each (`compress_symmetric`, GGUF Q8_0's form: the packaged model's
-token_embd exactly); the gather reads its rows through the same decompression.
+Weights (`WEIGHTS`): fp32 as in the checkpoint; int8: GGUF Q8_0's form, int8 codes in symmetric groups of 32
+along the input with a float scale per group (`compress_symmetric`, each group's scale fitted to the grid a 4-bit
+checkpoint's weights lie on), which OpenVINO's CPU plugin multiplies in integers where the CPU has them
+(AVX512-VNNI, with its dynamic quantization of activations; symmetric groups need no zero-point correction and
+step faster in batches than asymmetric ones with integer zero points); int4: GGUF Q4_1's form, a float scale and
+minimum per group of 32 (`compress_minimum`: the packaged model's weights come back exactly, the least memory,
+float products). Compressed weights are Constants of i8 / u4 codes that the graph converts, shifts and scales:
+the decompression pattern the CPU plugin fuses into its matrix multiplies. With compressed layers the embedding
+table and lm_head (tied or not) are int8 (the packaged model's token_embd is Q8_0: it comes back exactly); the
+gather reads its rows through the same decompression.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from zerocheck.decoder.config import DecoderConfig
 from zerocheck.decoder.model import rotary_inv_freq
 
 WEIGHTS = ("fp32", "int8", "int4")
-GROUP = 32  # inputs sharing a scale and a zero point in compressed weights
-GRID_CANDIDATES = 5  # steps tried per group by compress_groups (more fit Q4_1 weights a little better, and load slower)
+GROUP = 32  # inputs sharing a scale (and for int4 a minimum) in compressed weights
+GRID_CANDIDATES = 6  # grid steps compress_symmetric tries per group (more fit Q4_1 a little better, load slower)
 CACHE_INPUTS = ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins", "max_context_len")
 
 
@@ -47,41 +47,34 @@ def _const(array: np.ndarray | list | float, dtype: type = np.int64) -> ov.Node:
 
 def compress_symmetric(weight: np.ndarray, group: int = GROUP) -> tuple[np.ndarray, np.ndarray]:
     """[O, I] float -> int8 codes in -127..127 [O, I/group, group] and float32 scales [O, I/group, 1]:
-    w ~= code * scale, scale = max |w| / 127 per group (GGUF Q8_0's blocks: a Q8_0 weight comes back exactly)."""
+    w ~= code * scale, symmetric groups along the input (GGUF Q8_0's blocks: a Q8_0 weight comes back exactly).
+
+    Each group takes the scale with the least squared error among max |w| / 127 and the steps of a 16-level grid
+    over its range divided by whole numbers (range / 15 / m for the GRID_CANDIDATES largest m keeping every code
+    within 127): a weight dequantized from a 4-bit format (the packaged GGUF's Q4_1) lies on such a grid, so one of
+    them holds its codes up to the rounding of the group's minimum."""
     out_features, in_features = weight.shape
     blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
-    scale = np.abs(blocks).max(axis=2, keepdims=True) / 127.0
-    scale[scale == 0] = 1.0
-    return np.clip(np.rint(blocks / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
+    largest = np.abs(blocks).max(axis=2, keepdims=True)
+    largest[largest == 0] = 1.0
+    plain = largest / 127.0
+    step = (blocks.max(axis=2, keepdims=True) - blocks.min(axis=2, keepdims=True)) / 15
+    step[step == 0] = 1.0
 
+    def fit(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        codes = np.clip(np.rint(blocks / scale), -127, 127)
+        return codes, np.square(codes * scale - blocks).sum(axis=2, keepdims=True)
 
-def compress_groups(weight: np.ndarray, bits: int, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[O, I] float -> codes uint8 in [0, 2**bits - 1] [O, I/group, group], scales float32 and zero points uint8
-    [O, I/group, 1]: w ~= (codes - zero_point) * scale (asymmetric groups along the input, the range holding 0).
-
-    Each group takes the step, among range / t for t = top, top - 15, ... (GRID_CANDIDATES of them, t > 0), with
-    the least squared error: a weight dequantized from a 16-level format (the packaged GGUF's Q4_1) lies on a
-    grid whose step divides its own, so one of them fits it up to the zero point's rounding (on the packaged
-    model's layers at 8 bits, closer than range / 255 alone)."""
-    out_features, in_features = weight.shape
-    blocks = weight.reshape(out_features, in_features // group, group).astype(np.float32)
-    low, high = np.minimum(blocks.min(axis=2, keepdims=True), 0), np.maximum(blocks.max(axis=2, keepdims=True), 0)
-    span = high - low
-    span[span == 0] = 1.0
-    top = 2**bits - 1
-    best: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    best_error = np.full(low.shape, np.inf, np.float32)
-    for levels in range(top, max(top - 15 * GRID_CANDIDATES, 0), -15):
-        scale = span / levels
-        zero_point = np.clip(np.rint(-low / scale), 0, top)
-        codes = np.clip(np.rint(blocks / scale) + zero_point, 0, top)
-        error = np.square((codes - zero_point) * scale - blocks).sum(axis=2, keepdims=True)
+    best_codes, best_error = fit(plain)
+    best_scale = plain
+    most = np.floor(step / plain)  # the largest m with step / m >= max |w| / 127
+    for fewer in range(GRID_CANDIDATES):
+        scale = step / np.maximum(most - fewer, 1)
+        codes, error = fit(scale)
         better = error < best_error
         best_error = np.where(better, error, best_error)
-        best = (codes, scale, zero_point) if best is None else tuple(
-            np.where(better, new, old) for new, old in zip((codes, scale, zero_point), best))
-    codes, scale, zero_point = best
-    return codes.astype(np.uint8), scale.astype(np.float32), zero_point.astype(np.uint8)
+        best_codes, best_scale = np.where(better, codes, best_codes), np.where(better, scale, best_scale)
+    return best_codes.astype(np.int8), best_scale.astype(np.float32)
 
 
 def compress_minimum(weight: np.ndarray, group: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,10 +89,8 @@ def compress_minimum(weight: np.ndarray, group: int = GROUP) -> tuple[np.ndarray
     return codes, scale.astype(np.float32), low.astype(np.float32)
 
 
-def _packed(codes: np.ndarray, bits: int) -> ov.Node:
-    """uint8 codes as a u8 Constant, or as u4 (two a byte, the first in the low nibble)."""
-    if bits == 8:
-        return ops.constant(codes)
+def _packed(codes: np.ndarray) -> ov.Node:
+    """uint8 codes 0..15 as a u4 Constant (two a byte, the first in the low nibble)."""
     packed = ov.Tensor(Type.u4, ov.Shape(list(codes.shape)))  # groups of 32: an even count of codes
     flat = codes.reshape(-1)
     packed.data[:] = flat[0::2] | (flat[1::2] << 4)
@@ -112,22 +103,16 @@ def groups_supported(config: DecoderConfig) -> bool:
 
 
 def _weight(weight: np.ndarray, kind: str) -> ov.Node:
-    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS, or "int8-symmetric" for lm_head and the
-    embedding table)."""
+    """A [O, I] float32 weight as a graph node in `kind` (WEIGHTS)."""
     if kind == "fp32":
         return _const(weight, np.float32)
-    if kind == "int8-symmetric":
+    if kind == "int8":
         codes, scale = compress_symmetric(weight)
         dequantized = ops.multiply(ops.convert(ops.constant(codes), Type.f32), _const(scale, np.float32))
-        return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
-    if kind == "int4":  # Q4_1's form: a float zero point (-minimum / scale), which the CPU plugin decompresses to
-        codes, scale, low = compress_minimum(weight)  # float products
-        zero_point = _const(-low / scale, np.float32)
-    else:
-        codes, scale, integer_zero_point = compress_groups(weight, 8)
-        zero_point = ops.convert(_packed(integer_zero_point, 8), Type.f32)
-    dequantized = ops.multiply(ops.subtract(ops.convert(_packed(codes, 4 if kind == "int4" else 8), Type.f32),
-                                            zero_point), _const(scale, np.float32))
+    else:  # Q4_1's form: a float zero point (-minimum / scale), which the CPU plugin decompresses to float products
+        codes, scale, low = compress_minimum(weight)
+        shifted = ops.subtract(ops.convert(_packed(codes), Type.f32), _const(-low / scale, np.float32))
+        dequantized = ops.multiply(shifted, _const(scale, np.float32))
     return ops.reshape(dequantized, _const(list(weight.shape)), special_zero=False)
 
 
@@ -200,7 +185,7 @@ def build_paged_model(config: DecoderConfig, state: Mapping[str, np.ndarray], we
     mask = ops.convert(ops.unsqueeze(attention_mask, _const([1, 2])), Type.f32)
     mask = ops.multiply(ops.subtract(_const(1.0, np.float32), mask), _const(-1e9, np.float32))
 
-    embedding = "fp32" if weights == "fp32" else "int8-symmetric"
+    embedding = "fp32" if weights == "fp32" else "int8"
     table = _weight(state["embed_tokens.weight"], embedding)
     x = ops.gather(table, input_ids, _const(0))
     sinks = []
