@@ -43,7 +43,7 @@ class TritonPythonModel:
         config = ModelConfig(args)
         params = parameters(DecoderParameters, config)
         # the decoder's own OpenMP spin count, before the imports below load torch (and with it libgomp)
-        set_spin_count(params.omp_spin_count)
+        set_spin_count(params.spin_count())
         from zerocheck.decoder import load_decoder
         from zerocheck.decoder.service import DecoderService, StepRows
         from zerocheck.grammar import GrammarCompiler

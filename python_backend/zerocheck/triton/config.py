@@ -118,6 +118,9 @@ def _at_least(low: float, **values: float) -> None:
             raise ValueError(f"parameter {name} must be >= {low:g}, got {value:g}")
 
 
+TORCH_FORWARD_SPIN_COUNT = 100000  # the decoder's spin with a torch forward (its config.pbtxt says why)
+
+
 @dataclass(frozen=True)
 class DecoderParameters:
     """`decoder` (see its config.pbtxt for each one's meaning)."""
@@ -132,7 +135,7 @@ class DecoderParameters:
     max_seq_len: int  # 0: the build's
     idle_timeout_s: float
     num_threads: int  # 0: OpenVINO's / torch's own choice
-    omp_spin_count: int  # GOMP_SPINCOUNT of the decoder's process (`zerocheck.triton.openmp`); 0: the server's
+    omp_spin_count: str  # GOMP_SPINCOUNT of the decoder's process (`zerocheck.triton.openmp`): auto or a count
     metrics_interval_s: float
     test_fail_token: int = -1  # test-only: a forward whose tokens hold it raises
     test_delay_ms: float = 0.0  # test-only: a slow forward: each execute that steps sleeps this long first
@@ -141,8 +144,19 @@ class DecoderParameters:
         _at_least(1, max_slots=self.max_slots)
         _at_least(0, prefix_cache_tokens=self.prefix_cache_tokens, max_seq_len=self.max_seq_len,
                   idle_timeout_s=self.idle_timeout_s, num_threads=self.num_threads,
-                  omp_spin_count=self.omp_spin_count, metrics_interval_s=self.metrics_interval_s,
-                  test_delay_ms=self.test_delay_ms)
+                  metrics_interval_s=self.metrics_interval_s, test_delay_ms=self.test_delay_ms)
+        if self.omp_spin_count != "auto" and not self.omp_spin_count.isdigit():
+            raise ValueError(f"parameter omp_spin_count must be auto or a whole number >= 0, "
+                             f"got {self.omp_spin_count!r}")
+
+    def spin_count(self) -> int:
+        """omp_spin_count as a count (0: the server's). auto: TORCH_FORWARD_SPIN_COUNT where the forward runs on
+        OpenMP threads (backend torch, or dtype bf16, which only torch runs), else 0: openvino's forward runs on
+        its own threads, and a long spin of the decoder's OpenMP threads (the sampler's) would hold the cores it
+        needs (fewer tokens/s at 8 and 32 streams, measured with benchmarks/peers.py's load)."""
+        if self.omp_spin_count != "auto":
+            return int(self.omp_spin_count)
+        return TORCH_FORWARD_SPIN_COUNT if self.backend == "torch" or self.dtype == "bf16" else 0
 
 
 @dataclass(frozen=True)
