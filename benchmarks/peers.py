@@ -27,8 +27,10 @@ llama.cpp) get the same client: the OpenAI SDK's streamed chat completions, a th
 per stream, `ignore_eos`. Per stream count: tokens/s (all streams' tokens / wall time from sending to the last
 token), TTFT and TPOT p50/p95 over the streams, and the peak PSS of all the system's processes (server, stubs and
 front end; in-process systems: this benchmark's process), sampled every 2 s (reading the PSS of a server's ~20
-processes takes ~50 ms of CPU, which would otherwise compete with the measured server). Prints the table, the
-ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes
+processes takes ~50 ms of CPU, which would otherwise compete with the measured server), and the CPU time per
+output token of each of its processes (by role: each Triton model, the front end, tritonserver, llama-server,
+the load generator's client threads; an in-process system's and its loop's together). Prints the table, the
+CPU split at the most streams, the ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes
 benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit) and its plot peers-<CPU kind>.png, one
 pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512, avx512-bf16).
 """
@@ -44,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -68,6 +70,8 @@ def question(i: int) -> str:
 
 
 PSS_INTERVAL_S = 2.0
+LOAD_GENERATOR = "load generator (this benchmark's client threads)"
+IN_PROCESS = "in-process (the pipeline and this benchmark's loop)"
 
 
 class PeakPSS:
@@ -108,26 +112,84 @@ class PeakPSS:
         self.peak_mib = max(self.peak_mib, self._sample())
 
 
-def summary(n: int, tokens: int, wall_s: float, ttfts: list[float], tpots: list[float], pss_mib: float) -> dict:
+class CPUTime:
+    """CPU seconds (user + system) spent inside the block by processes `pids` and their descendants, by role (a
+    Triton Python backend stub's model, a module run with -m, else the program's name), and with `own`, by this
+    process alone under that role (the load generator's threads, or a system run in-process)."""
+
+    def __init__(self, *pids: int, own: str | None = None) -> None:
+        self.pids, self.own, self._began, self.seconds = pids, own, {}, {}
+
+    def _sample(self) -> dict[int, tuple[str, float]]:
+        members = [(psutil.Process(), self.own)] if self.own else []
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                members += [(process, None) for process in (root, *root.children(recursive=True))]
+            except psutil.Error:
+                continue
+        out = {}
+        for process, role in members:
+            try:
+                times = process.cpu_times()
+                out[process.pid] = (role or self._role(process), times.user + times.system)
+            except psutil.Error:
+                continue
+        return out
+
+    @staticmethod
+    def _role(process: psutil.Process) -> str:
+        command = process.cmdline()
+        if command and command[0].endswith("triton_python_backend_stub") and len(command) > 1:
+            return Path(command[1]).parts[-3]  # .../<model>/1/model.py
+        if "-m" in command[:-1]:
+            return command[command.index("-m") + 1]
+        return Path(command[0]).name if command else process.name()
+
+    def __enter__(self) -> "CPUTime":
+        self._began = self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pid, (role, seconds) in self._sample().items():
+            self.seconds[role] = self.seconds.get(role, 0.0) + seconds - self._began.get(pid, (role, 0.0))[1]
+
+
+def summary(n: int, tokens: int, wall_s: float, ttfts: list[float], tpots: list[float], pss_mib: float,
+            cpu: CPUTime) -> dict:
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
     return {"tokens_per_s": n * tokens / wall_s, "ttft_p50_s": pct(ttfts, 0.5), "ttft_p95_s": pct(ttfts, 0.95),
-            "tpot_p50_ms": 1000 * pct(tpots, 0.5), "tpot_p95_ms": 1000 * pct(tpots, 0.95), "peak_pss_mib": pss_mib}
+            "tpot_p50_ms": 1000 * pct(tpots, 0.5), "tpot_p95_ms": 1000 * pct(tpots, 0.95), "peak_pss_mib": pss_mib,
+            "cpu_ms_per_token": cpu_per_token(cpu, n * tokens)}
+
+
+def cpu_split(per_token: dict[str, float], roles: int = 5) -> str:
+    """`cpu_per_token`'s dict as text: the total, then the largest `roles` roles (ms per token)."""
+    largest = [(role, ms) for role, ms in per_token.items() if role != "total"][:roles]
+    return f"{per_token['total']:.2f} = " + ", ".join(f"{role} {ms:.2f}" for role, ms in largest)
+
+
+def cpu_per_token(cpu: CPUTime, tokens: int) -> dict[str, float]:
+    """CPU milliseconds per output token by role, the largest first, and their `total`."""
+    spent = {role: 1000 * seconds / tokens for role, seconds in sorted(cpu.seconds.items(), key=lambda kv: -kv[1])}
+    return {**spent, "total": sum(spent.values())}
 
 
 def closed_loop(one: Callable[[int], tuple[float, float]], streams: list[int], tokens: int, *pids: int) -> dict:
     """Each stream count in turn (the smallest first once more: the first run warms the server up): `n` threads
-    call `one(i)` -> (TTFT s, TPOT s) once each; the rates by stream count, with the peak PSS of `pids`' trees."""
+    call `one(i)` -> (TTFT s, TPOT s) once each; the rates by stream count, with the peak PSS of `pids`' trees and
+    the CPU time of those trees and of this process (the clients' threads)."""
     rates = {}
     for n in [min(streams), *streams]:
-        with PeakPSS(*pids) as memory:
+        with PeakPSS(*pids) as memory, CPUTime(*pids, own=LOAD_GENERATOR) as cpu:
             began = time.perf_counter()
             with ThreadPoolExecutor(n) as pool:
                 timings = list(pool.map(one, range(n)))
             wall = time.perf_counter() - began
-        rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib)
+        rates[n] = summary(n, tokens, wall, [t for t, _ in timings], [t for _, t in timings], memory.peak_mib, cpu)
     return rates
 
 
@@ -199,7 +261,7 @@ def openvino_genai_rates(streams: list[int], tokens: int, gguf: Path) -> dict:
     for n in [min(streams), *streams]:
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": question(i)}], add_generation_prompt=True)
                    for i in range(n)]
-        with PeakPSS(os.getpid()) as memory:
+        with PeakPSS(os.getpid()) as memory, CPUTime(own=IN_PROCESS) as cpu:
             began = time.perf_counter()
             handles = [pipe.add_request(i, prompt, config) for i, prompt in enumerate(prompts)]
             first: dict[int, float] = {}
@@ -215,7 +277,7 @@ def openvino_genai_rates(streams: list[int], tokens: int, gguf: Path) -> dict:
             wall = time.perf_counter() - began
         ends = {i: last.get(i, began + wall) for i in range(n)}
         rates[n] = summary(n, tokens, wall, [first[i] - began for i in range(n)],
-                           [(ends[i] - first[i]) / max(1, tokens - 1) for i in range(n)], memory.peak_mib)
+                           [(ends[i] - first[i]) / max(1, tokens - 1) for i in range(n)], memory.peak_mib, cpu)
         rates[n]["gguf"] = gguf.name
     return rates
 
@@ -282,13 +344,14 @@ def transformers_rates(artifacts: Path, streams: list[int], tokens: int) -> dict
                                                add_generation_prompt=True) for i in range(n)]
         batch = tokenizer(texts, return_tensors="pt", padding=True)
         torch.manual_seed(0)
-        with PeakPSS(os.getpid()) as memory:
+        with PeakPSS(os.getpid()) as memory, CPUTime(own=IN_PROCESS) as cpu:
             began = time.perf_counter()
             with torch.inference_mode():
                 model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
                                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id, **SAMPLING)
             wall = time.perf_counter() - began
-        rates[n] = {"tokens_per_s": n * tokens / wall, "peak_pss_mib": memory.peak_mib}
+        rates[n] = {"tokens_per_s": n * tokens / wall, "peak_pss_mib": memory.peak_mib,
+                    "cpu_ms_per_token": cpu_per_token(cpu, n * tokens)}
     return rates
 
 
@@ -337,6 +400,14 @@ def chart(results: dict, streams: list[int], path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
+def _median(values: Iterable) -> object:
+    """The median of numbers; of dicts of numbers, key by key (a key a round lacks counts as 0); else the first."""
+    values = list(values)
+    if isinstance(values[0], dict):
+        return {key: statistics.median(v.get(key, 0.0) for v in values) for key in values[0]}
+    return statistics.median(values) if isinstance(values[0], (int, float)) else values[0]
+
+
 def median_rates(rounds: list[dict], streams: list[int]) -> dict:
     """One system's rounds as one result: per stream count, each figure's median over the rounds that measured it
     (with `tokens_per_s_rounds`, every round's tokens/s; `failed_rounds`, the errors of the others); the first
@@ -350,8 +421,7 @@ def median_rates(rounds: list[dict], streams: list[int]) -> dict:
     for n in streams:
         measured = [rates[n] for rates in done if n in rates]
         if measured:
-            merged[n] = {key: statistics.median(r[key] for r in measured) if isinstance(value, (int, float)) else value
-                         for key, value in measured[0].items()}
+            merged[n] = {key: _median(r[key] for r in measured) for key in measured[0]}
             merged[n]["tokens_per_s_rounds"] = [r["tokens_per_s"] for r in measured]
     return merged
 
@@ -428,6 +498,11 @@ def main() -> int:
                          f"{r.get('tpot_p50_ms', float('nan')):.1f}, {r['peak_pss_mib']:.0f})")
         print(f"{system:<{width}}" + " | ".join(cells) + (f"  ({rates['error']})" if "error" in rates else "")
               + (f"  (failed rounds: {rates['failed_rounds']})" if "failed_rounds" in rates else ""))
+    top = max(args.streams)
+    print(f"\nCPU ms per output token at {top} streams (all processes; the largest roles)")
+    for system, rates in results.items():
+        if top in rates and "cpu_ms_per_token" in rates[top]:
+            print(f"{system:<{width}}" + cpu_split(rates[top]["cpu_ms_per_token"]))
     ratios = peer_ratios(results, args.streams)
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")

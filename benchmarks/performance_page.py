@@ -86,10 +86,28 @@ def peers_section(data: dict, plot: str | None) -> list[str]:
             else:
                 cells.append(f"{r['tokens_per_s']:.1f}, -, -, {r['peak_pss_mib']:.0f}")
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    lines += cpu_table(data)
     lines += ["", "Ratios:", ""] + [f"- {name}: {ratio:.2f}x" for name, ratio in data.get("ratios", {}).items()]
     if plot:
         lines += ["", f"![tokens/s per system]({plot})"]
     return lines + [""]
+
+
+def cpu_table(data: dict) -> list[str]:
+    """Where each system's CPU time goes at the most streams: ms per output token, all its processes (the served
+    systems' load generator, the client threads in the benchmark's process, included)."""
+    top = str(max(data["streams"]))
+    rows = [(system, rates[top]["cpu_ms_per_token"]) for system, rates in data["results"].items()
+            if "cpu_ms_per_token" in (rates.get(top) or {})]
+    if not rows:
+        return []
+    lines = ["", f"CPU time per output token at {top} streams (ms, user + system, every process of the system; "
+             "the two cores give 2 ms of CPU per ms of wall time):", "",
+             "| system | total | largest parts |", "|---|---|---|"]
+    for system, split in rows:
+        parts = [(role, ms) for role, ms in split.items() if role != "total"][:6]
+        lines.append(f"| {system} | {split['total']:.2f} | " + ", ".join(f"{role} {ms:.2f}" for role, ms in parts) + " |")
+    return lines
 
 
 PEER_VARIANTS = {"genai": "OpenVINO GenAI on the GGUF (top-1: the model it converts the GGUF into)",
