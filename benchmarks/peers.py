@@ -114,8 +114,8 @@ class PeakPSS:
 
 class CPUTime:
     """CPU seconds (user + system) spent inside the block by processes `pids` and their descendants, by role (a
-    Triton Python backend stub's model, a module run with -m, else the program's name), and with `own`, by this
-    process alone under that role (the load generator's threads, or a system run in-process)."""
+    Triton Python backend stub's model, a module Python runs with -m, else the program's name), and with `own`,
+    by this process alone under that role (the load generator's threads, or a system run in-process)."""
 
     def __init__(self, *pids: int, own: str | None = None) -> None:
         self.pids, self.own, self._began, self.seconds = pids, own, {}, {}
@@ -142,7 +142,7 @@ class CPUTime:
         command = process.cmdline()
         if command and command[0].endswith("triton_python_backend_stub") and len(command) > 1:
             return Path(command[1]).parts[-3]  # .../<model>/1/model.py
-        if "-m" in command[:-1]:
+        if command and Path(command[0]).name.startswith("python") and "-m" in command[:-1]:
             return command[command.index("-m") + 1]
         return Path(command[0]).name if command else process.name()
 

@@ -105,7 +105,7 @@ def cpu_table(data: dict) -> list[str]:
              "the two cores give 2 ms of CPU per ms of wall time):", "",
              "| system | total | largest parts |", "|---|---|---|"]
     for system, split in rows:
-        parts = [(role, ms) for role, ms in split.items() if role != "total"][:6]
+        parts = [(role, ms) for role, ms in split.items() if role != "total" and ms >= 0.01][:6]
         lines.append(f"| {system} | {split['total']:.2f} | " + ", ".join(f"{role} {ms:.2f}" for role, ms in parts) + " |")
     return lines
 
