@@ -30,7 +30,8 @@ front end; in-process systems: this benchmark's process), sampled every 2 s (rea
 processes takes ~50 ms of CPU, which would otherwise compete with the measured server), and the CPU time per
 output token of each of its processes (by role: each Triton model, the front end, tritonserver, llama-server,
 the load generator's client threads; an in-process system's and its loop's together). Prints the table, the
-CPU split at the most streams, the ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to llama-server, writes
+CPU split at the most streams, the ratios to OpenVINO GenAI (and to its Q8_0 run) and of peak PSS to
+llama-server, writes
 benchmarks/results/peers-<CPU kind>.json (with the command, CPU and commit) and its plot peers-<CPU kind>.png, one
 pair per kind of CPU (`zerocheck.bench.machine.cpu_kind`: avx2, avx512, avx512-bf16).
 """
@@ -74,6 +75,18 @@ LOAD_GENERATOR = "load generator (this benchmark's client threads)"
 IN_PROCESS = "in-process (the pipeline and this benchmark's loop)"
 
 
+def process_trees(*pids: int) -> list[psutil.Process]:
+    """Processes `pids` and their descendants (those that exist)."""
+    processes = []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            processes += [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return processes
+
+
 class PeakPSS:
     """The peak, sampled every PSS_INTERVAL_S, of the summed PSS of processes `pids` and their descendants (MiB)."""
 
@@ -82,15 +95,8 @@ class PeakPSS:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> float:
-        processes = []
-        for pid in self.pids:
-            try:
-                root = psutil.Process(pid)
-                processes += [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
         total = 0
-        for process in processes:
+        for process in process_trees(*self.pids):
             try:
                 total += process.memory_full_info().pss
             except psutil.Error:
@@ -122,12 +128,7 @@ class CPUTime:
 
     def _sample(self) -> dict[int, tuple[str, float]]:
         members = [(psutil.Process(), self.own)] if self.own else []
-        for pid in self.pids:
-            try:
-                root = psutil.Process(pid)
-                members += [(process, None) for process in (root, *root.children(recursive=True))]
-            except psutil.Error:
-                continue
+        members += [(process, None) for process in process_trees(*self.pids)]
         out = {}
         for process, role in members:
             try:

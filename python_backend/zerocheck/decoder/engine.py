@@ -50,8 +50,8 @@ def cpu_flags() -> set[str]:
 def choose_dtype(requested: str, backend: str, flags: set[str], device: str = "cpu") -> str:
     """`requested` ("auto" or one of DTYPES) made concrete for `backend` on `device` (a CPU with `flags`):
     auto is int8 on openvino (every weight in GGUF Q8_0's form, symmetric int8 groups of 32 with a scale each:
-    integer products on VNNI CPUs; its speed against the other
-    dtypes and its greedy top-1 agreement with fp32 on docs/performance.md), bf16 for the torch backend on CUDA
+    integer products on VNNI CPUs; its speed against the other dtypes and its greedy top-1 agreement with fp32 on
+    docs/performance.md), bf16 for the torch backend on CUDA
     (where the GPU does bf16) or on a CPU with bf16 instructions (AMX or AVX512-BF16), else fp32."""
     if requested not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {requested!r}")

@@ -153,7 +153,7 @@ class DecoderParameters:
         """omp_spin_count as a count (0: the server's). auto: TORCH_FORWARD_SPIN_COUNT where the forward runs on
         OpenMP threads (backend torch, or dtype bf16, which only torch runs), else 0: openvino's forward runs on
         its own threads, and a long spin of the decoder's OpenMP threads (the sampler's) would hold the cores it
-        needs (fewer tokens/s at 8 and 32 streams, measured with benchmarks/peers.py's load)."""
+        needs (fewer tokens/s served at 8 and 32 streams, peers.py's client, one server per value alternating)."""
         if self.omp_spin_count != "auto":
             return int(self.omp_spin_count)
         return TORCH_FORWARD_SPIN_COUNT if self.backend == "torch" or self.dtype == "bf16" else 0
